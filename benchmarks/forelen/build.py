@@ -2,7 +2,10 @@
 
 Generation runs through vLLM's engine loop with continuous batching; each finished sample is
 appended to `samples.jsonl` at once, so a stopped build resumes where it stopped (finished samples
-are skipped, the rest regenerate with their fixed per-sample seeds).
+are skipped). The engine is seeded, but sampled lengths are not bit-reproducible: per-request seeds
+crash vLLM's CPU sampler under chunked prefill ('CPU Generator does not use offset'), and without
+them the random stream depends on batch composition. Lengths are a distribution anyway; the RL
+scenario's repeated samples measure exactly that spread.
 
     python -m benchmarks.forelen.build --out benchmarks/datasets/smollm2-135m-instruct
     python -m benchmarks.forelen.build --model /path/to/hf-folder --out my-dataset   # another model
@@ -23,7 +26,6 @@ from benchmarks.forelen.sources import (
     DEFAULT_PROMPTS,
     DEFAULT_SAMPLES,
     PromptItem,
-    sample_seed,
     select_prompts,
 )
 
@@ -168,8 +170,7 @@ def _generate(path, pending, settings, prompt_ids, samples_path, inflight, n_don
                 ids = prompt_ids(item.text)
                 rid = f"{item.prompt_id}#{k}"
                 params = SamplingParams(
-                    temperature=settings.temperature, top_p=settings.top_p,
-                    max_tokens=settings.max_tokens, seed=sample_seed(item.prompt_id, k, settings.seed),
+                    temperature=settings.temperature, top_p=settings.top_p, max_tokens=settings.max_tokens
                 )
                 engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), params)
                 live[rid] = (item, k, len(ids))

@@ -7,7 +7,6 @@ seeded shuffle and each prompt gets its split here, so every sample of a prompt 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -130,9 +129,3 @@ def select_prompts(
         ]
         chosen.extend(_assign_splits(items, rng))
     return chosen
-
-
-def sample_seed(prompt_id: str, sample_idx: int, seed: int) -> int:
-    """Per-sample sampling seed: reruns and resumed runs draw the same outputs."""
-    digest = hashlib.sha256(f"{seed}|{prompt_id}|{sample_idx}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")

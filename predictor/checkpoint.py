@@ -1,0 +1,85 @@
+"""Save and load a trained length head with everything needed to reproduce its inputs.
+
+The head only makes sense on features of the exact base model it was trained on (same weights,
+same layer, same pooling), so the sidecar records them and loading refuses a mismatched base model
+instead of silently predicting garbage. Weights go to `<name>.safetensors` (no pickle), settings
+to `<name>.json` beside it, readable without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pydantic import BaseModel
+from safetensors.torch import load_file, save_file
+
+from predictor.head import LengthBins, LengthHead
+from predictor.losses import LossConfig
+from predictor.pooling import PoolingConfig
+
+FORMAT_VERSION = 1
+
+
+class BaseModelMismatchError(ValueError):
+    def __init__(self, checkpoint: str | os.PathLike, trained_on: str, serving: str):
+        super().__init__(
+            f"checkpoint {checkpoint} was trained on base model weights {trained_on}, "
+            f"but the serving model's weights hash is {serving}; retrain the head for this model"
+        )
+        self.trained_on = trained_on
+        self.serving = serving
+
+
+class CheckpointMeta(BaseModel):
+    format: int = FORMAT_VERSION
+    base_model_id: str
+    base_model_hash: str
+    feature_layer: int  # FeatureConfig.layer the pooled hidden states come from
+    feature_dim: int
+    debias: bool = True  # FeatureConfig.debias of the attention features
+    pooling: PoolingConfig
+    bins: LengthBins
+    loss: LossConfig
+    dropout: float = 0.1
+    training_data_version: str
+    metrics: dict[str, float] = {}
+
+
+def sidecar_path(path: str | os.PathLike) -> Path:
+    return Path(path).with_suffix(".json")
+
+
+def save_checkpoint(path: str | os.PathLike, head: LengthHead, meta: CheckpointMeta) -> Path:
+    """Write `path` (.safetensors) and its JSON sidecar; returns the weights path."""
+    path = Path(path).with_suffix(".safetensors")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}, str(path))
+    sidecar_path(path).write_text(meta.model_dump_json(indent=2) + "\n")
+    return path
+
+
+def load_checkpoint(
+    path: str | os.PathLike, expected_base_model_hash: str | None = None
+) -> tuple[LengthHead, CheckpointMeta]:
+    """Head in eval mode plus its settings; raises BaseModelMismatchError on another base model."""
+    path = Path(path).with_suffix(".safetensors")
+    meta = CheckpointMeta.model_validate(json.loads(sidecar_path(path).read_text()))
+    if meta.format != FORMAT_VERSION:
+        raise ValueError(f"{path}: checkpoint format {meta.format}, this code reads {FORMAT_VERSION}")
+    if expected_base_model_hash is not None and meta.base_model_hash != expected_base_model_hash:
+        raise BaseModelMismatchError(path, meta.base_model_hash, expected_base_model_hash)
+    head = LengthHead(meta.feature_dim, meta.bins.k, meta.dropout)
+    head.load_state_dict(load_file(str(path)))
+    return head.eval(), meta
+
+
+def model_weights_hash(model_dir: str | os.PathLike) -> str:
+    """The hash datasets and checkpoints are keyed on: the conversion record's, else computed."""
+    from deployments.model_files import weights_hash
+
+    marker = Path(model_dir) / "conversion.json"
+    if marker.exists():
+        return json.loads(marker.read_text())["weights_sha256_16"]
+    return weights_hash(model_dir)

@@ -1,0 +1,148 @@
+"""Length bins and the MLP head that maps a pooled prompt vector to a distribution over them.
+
+A distribution rather than a single number, because the same prompt sampled again gives a spread
+of lengths: the router can act on the expected length, a quantile (p90 for conservative
+batching), or the most likely bin.
+
+Default bins (`LengthBins.from_lengths`): quantile edges of the training lengths, so every bin
+holds about the same number of examples (balanced targets for the CE/CRPS terms, fine resolution
+where lengths are dense). Generation stops at `max_tokens`, which piles up a spike of truncated
+samples; when that spike is more than 1/K of the data it gets a bin of its own,
+(max_tokens - 1, max_tokens], instead of being blurred with the longest regular answers.
+Centres are the mean training length inside each bin, not the midpoint: the mean is the best
+single value for a bin's lengths, which matters for wide bins and for the truncation spike.
+Without training lengths, `LengthBins.log_spaced` gives edges that are relatively equally fine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from pydantic import BaseModel, model_validator
+from torch import Tensor, nn
+
+DEFAULT_QUANTILES = (0.1, 0.5, 0.9)
+
+
+class LengthBins(BaseModel):
+    """Bin k holds lengths in (edges[k], edges[k+1]]; edges run from 0 to max_tokens."""
+
+    edges: list[float]
+    centres: list[float]
+    max_tokens: int
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "LengthBins":
+        e = self.edges
+        if len(e) < 2 or len(self.centres) != len(e) - 1:
+            raise ValueError("need K+1 edges and K centres, K >= 1")
+        if any(b <= a for a, b in zip(e, e[1:])):
+            raise ValueError(f"edges must increase: {e}")
+        if any(not e[k] <= c <= e[k + 1] for k, c in enumerate(self.centres)):
+            raise ValueError("every centre must lie inside its bin")
+        return self
+
+    @property
+    def k(self) -> int:
+        return len(self.centres)
+
+    @classmethod
+    def log_spaced(cls, k: int = 20, max_tokens: int = 1024, first_edge: float = 4.0) -> "LengthBins":
+        edges = [0.0] + torch.logspace(
+            torch.log10(torch.tensor(first_edge)), torch.log10(torch.tensor(float(max_tokens))), k
+        ).tolist()
+        edges[-1] = float(max_tokens)
+        return cls(edges=edges, centres=[(a + b) / 2 for a, b in zip(edges, edges[1:])], max_tokens=max_tokens)
+
+    @classmethod
+    def from_lengths(cls, lengths, k: int = 20, max_tokens: int = 1024) -> "LengthBins":
+        """Quantile edges from training lengths (at most K bins: ties can merge some)."""
+        y = torch.as_tensor(lengths, dtype=torch.float32).clamp(1, max_tokens)
+        truncated = y >= max_tokens
+        spike = bool(truncated.float().mean() > 1.0 / k) and k > 1
+        body = y[~truncated] if spike and (~truncated).any() else y
+        inner = torch.quantile(body, torch.linspace(0, 1, (k - 1 if spike else k) + 1))[1:-1].round()
+        cuts = {float(e) for e in inner.tolist() if 0 < e < max_tokens}
+        if spike:
+            cuts.add(float(max_tokens - 1))
+        edges = [0.0, *sorted(cuts), float(max_tokens)]
+        e = torch.tensor(edges)
+        index = cls._index(e, y)
+        centres = [
+            y[index == b].mean().item() if (index == b).any() else (edges[b] + edges[b + 1]) / 2
+            for b in range(len(edges) - 1)
+        ]
+        return cls(edges=edges, centres=centres, max_tokens=max_tokens)
+
+    @staticmethod
+    def _index(edges: Tensor, lengths: Tensor) -> Tensor:
+        return torch.searchsorted(edges[1:-1].contiguous(), lengths.float().contiguous(), side="left")
+
+    def edges_t(self) -> Tensor:
+        return torch.tensor(self.edges, dtype=torch.float32)
+
+    def centres_t(self) -> Tensor:
+        return torch.tensor(self.centres, dtype=torch.float32)
+
+    def index(self, lengths: Tensor) -> Tensor:
+        """Bin of each length; lengths beyond max_tokens fall in the last bin."""
+        return self._index(self.edges_t().to(lengths.device), lengths)
+
+    def soft_labels(self, index: Tensor, tau: float = 1.0) -> Tensor:
+        """p_j proportional to exp(-|j - i| / tau) around the true bin i (EGTP's targets)."""
+        j = torch.arange(self.k, device=index.device, dtype=torch.float32)
+        return torch.softmax(-(j[None, :] - index[:, None].float()).abs() / tau, dim=-1)
+
+    def expected(self, probs: Tensor) -> Tensor:
+        return probs @ self.centres_t().to(probs.device)
+
+    def quantile(self, probs: Tensor, q: float) -> Tensor:
+        """Inverse CDF, assuming lengths spread uniformly inside each bin."""
+        edges = self.edges_t().to(probs.device)
+        cdf = probs.cumsum(-1)
+        k = torch.searchsorted(cdf, torch.full((probs.shape[0], 1), q, device=probs.device)).clamp(max=self.k - 1)
+        p_k = probs.gather(-1, k).squeeze(-1)
+        below = cdf.gather(-1, k).squeeze(-1) - p_k
+        frac = ((q - below) / p_k.clamp(min=1e-12)).clamp(0, 1)
+        k = k.squeeze(-1)
+        return edges[k] + frac * (edges[k + 1] - edges[k])
+
+
+class LengthHead(nn.Module):
+    """EGTP's head: Linear(d, d/2) -> LayerNorm -> ReLU -> Dropout -> Linear(d/2, K); returns logits."""
+
+    def __init__(self, in_dim: int, num_bins: int, dropout: float = 0.1):
+        super().__init__()
+        hidden = in_dim // 2
+        self.net = nn.Sequential(
+            nn.Linear(in_dim, hidden), nn.LayerNorm(hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, num_bins)
+        )
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        return self.net(pooled)
+
+
+@dataclass
+class LengthPrediction:
+    expected_tokens: float
+    quantiles: dict[str, float]  # "p10", "p50", "p90"
+    bin: int  # most probable bin
+    probabilities: list[float]
+
+
+def summarise(probs: Tensor, bins: LengthBins, quantiles=DEFAULT_QUANTILES) -> list[LengthPrediction]:
+    """Per-prompt predictions from [N, K] probabilities."""
+    probs = probs.detach().float().cpu()
+    expected = bins.expected(probs).tolist()
+    qs = {f"p{round(q * 100)}": bins.quantile(probs, q).tolist() for q in quantiles}
+    modes = probs.argmax(-1).tolist()
+    return [
+        LengthPrediction(
+            expected_tokens=expected[i],
+            quantiles={name: values[i] for name, values in qs.items()},
+            bin=modes[i],
+            probabilities=probs[i].tolist(),
+        )
+        for i in range(probs.shape[0])
+    ]

@@ -1,0 +1,259 @@
+"""Train a length head on a generated dataset (benchmarks/forelen): features once, then the head.
+
+Prefill features are the expensive part (a forward pass of the serving model per prompt), while
+the head trains in seconds, so per-token features are cached per prompt under `predictor/cache/`
+(git-ignored), keyed by model weights, feature settings and the prompt's token ids. Every method,
+lambda/alpha setting and ablation then reuses the same cache, and a growing dataset only costs
+the new prompts.
+
+    python -m predictor.train --dataset benchmarks/datasets/smollm2-135m-instruct --method estp
+    python -m predictor.train --dataset ... --method estp --lam 0 --out predictor/checkpoints/estp-entropy-only
+
+Train split fits the head, val drives early stopping (on MAE in tokens); test is left untouched
+for the benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from predictor.checkpoint import CheckpointMeta, model_weights_hash, save_checkpoint
+from predictor.estimator import encode_prompt
+from predictor.features import FeatureConfig, PrefillFeatures, extract_features, micro_batches, pad_left, receiver_counts
+from predictor.head import LengthBins, LengthHead
+from predictor.losses import LossConfig, length_loss
+from predictor.pooling import PoolingConfig, pool
+
+CACHE_DIR = Path(__file__).resolve().parent / "cache"
+CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
+# TRAIL probes an intermediate layer; about a third of the depth (10 of SmolLM2's 30 layers).
+DEFAULT_TRAIL_LAYER = 10
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A method as the paper compares it: pooling, bin count, loss, and which layer is pooled."""
+
+    pooling: PoolingConfig
+    loss: str
+    bins: int = 20
+    trail: bool = False  # pools the intermediate layer's last token instead of the final layer
+
+
+RECIPES = {
+    "estp": Recipe(PoolingConfig(method="estp"), "crps+smoothl1"),
+    "egtp": Recipe(PoolingConfig(method="egtp"), "ce+mse"),
+    "avg": Recipe(PoolingConfig(method="avg"), "crps+smoothl1"),
+    "last": Recipe(PoolingConfig(method="last"), "crps+smoothl1"),
+    "trail": Recipe(PoolingConfig(method="last"), "ce", bins=10, trail=True),
+}
+
+
+@dataclass
+class Example:
+    """One prompt with all its sampled output lengths (RL prompts are sampled several times)."""
+
+    prompt_id: str
+    ids: list[int]
+    lengths: list[int] = field(default_factory=list)
+
+
+def _sha16(data) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_dataset(dataset_dir: Path, tokenizer) -> tuple[dict, dict[str, list[Example]]]:
+    """Dataset settings and examples per split; prompts wrapped exactly as at generation time."""
+    settings = json.loads((dataset_dir / "meta.json").read_text())["settings"]
+    splits: dict[str, dict[str, Example]] = {}
+    with open(dataset_dir / "samples.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a stopped build
+            examples = splits.setdefault(r["split"], {})
+            if r["prompt_id"] not in examples:
+                ids = encode_prompt(tokenizer, r["prompt"])
+                if len(ids) != r["prompt_tokens"]:
+                    raise ValueError(f"{r['prompt_id']}: {len(ids)} prompt tokens here, "
+                                     f"{r['prompt_tokens']} at generation: chat template differs")
+                examples[r["prompt_id"]] = Example(r["prompt_id"], ids)
+            examples[r["prompt_id"]].lengths.append(int(r["output_tokens"]))
+    return settings, {name: list(ex.values()) for name, ex in splits.items()}
+
+
+class FeatureCache:
+    """Per-prompt features of valid tokens only; hidden states stored as float16 to halve the disk."""
+
+    def __init__(self, root: Path, model_hash: str, config: FeatureConfig):
+        key = _sha16(config.model_dump(include={"layer", "aux_layer", "debias"}))
+        self.dir = Path(root) / f"{model_hash}-{key}"
+        self.config = config
+
+    def _path(self, ids: list[int]) -> Path:
+        return self.dir / f"{_sha16(ids)}.safetensors"
+
+    def missing(self, examples: list[Example]) -> list[Example]:
+        unique = {self._path(e.ids): e for e in examples}
+        return [e for path, e in unique.items() if not path.exists()]
+
+    def fill(self, model, examples: list[Example], pad_id: int, max_batch_tokens: int = 4096) -> int:
+        """Extract whatever is missing; returns how many prompts were extracted."""
+        todo = self.missing(examples)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for n, group in enumerate(micro_batches([len(e.ids) for e in todo], max_batch_tokens, 32), 1):
+            f = extract_features(model, *pad_left([todo[i].ids for i in group], pad_id), self.config)
+            for row, i in enumerate(group):
+                keep = f.mask[row]
+                tensors = {"hidden": f.hidden[row, keep].half(), "entropy": f.entropy[row, keep],
+                           "attention_received": f.attention_received[row, keep], "aux_last": f.aux_last[row]}
+                tmp = self._path(todo[i].ids).with_suffix(".partial")
+                save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(tmp))
+                tmp.rename(self._path(todo[i].ids))
+            print(f"features: batch {n}, {sum(len(todo[i].ids) for i in group)} tokens", flush=True)
+        return len(todo)
+
+    def load(self, ids: list[int]) -> dict[str, torch.Tensor]:
+        return load_file(str(self._path(ids)))
+
+
+def pooled_inputs(cache: FeatureCache, examples: list[Example], recipe: Recipe, debias: bool) -> torch.Tensor:
+    """[P, d] head inputs, one per prompt, pooled as the estimator will pool at inference."""
+    rows = []
+    for e in examples:
+        t = cache.load(e.ids)
+        if recipe.trail:
+            rows.append(t["aux_last"].float())
+            continue
+        mask = torch.ones(1, len(e.ids), dtype=torch.bool)
+        received = t["attention_received"][None]
+        if not debias:  # the cache holds debiased values; undo it for the ablation
+            received = received * receiver_counts(mask)
+        f = PrefillFeatures(hidden=t["hidden"].float()[None], mask=mask, entropy=t["entropy"][None],
+                            attention_received=received)
+        rows.append(pool(f, recipe.pooling)[0])
+    return torch.stack(rows)
+
+
+def _expand(x: torch.Tensor, examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One training row per sample: a prompt's pooled vector repeats for each of its lengths."""
+    reps = torch.tensor([len(e.lengths) for e in examples])
+    return x.repeat_interleave(reps, dim=0), torch.tensor([l for e in examples for l in e.lengths], dtype=torch.float32)
+
+
+def fit_head(
+    x_train, y_train, x_val, y_val, bins: LengthBins, loss: LossConfig, epochs: int = 200,
+    patience: int = 20, lr: float = 1e-3, batch_size: int = 64, seed: int = 0,
+) -> tuple[LengthHead, dict[str, float]]:
+    """AdamW on the chosen loss; keeps the epoch with the lowest val MAE (tokens)."""
+    torch.manual_seed(seed)
+    head = LengthHead(x_train.shape[1], bins.k)
+    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=1e-2)
+    best = (float("inf"), 0, None)
+    for epoch in range(epochs):
+        head.train()
+        for batch in torch.randperm(len(y_train)).split(batch_size):
+            opt.zero_grad()
+            length_loss(head(x_train[batch]), y_train[batch], bins, loss).backward()
+            opt.step()
+        head.eval()
+        with torch.no_grad():
+            mae = (bins.expected(head(x_val).softmax(-1)) - y_val).abs().mean().item()
+        if mae < best[0]:
+            best = (mae, epoch, {k: v.clone() for k, v in head.state_dict().items()})
+        elif epoch - best[1] >= patience:
+            break
+    head.load_state_dict(best[2])
+    return head.eval(), {"val_mae": best[0], "best_epoch": float(best[1]), "epochs_run": float(epoch + 1)}
+
+
+def main(argv: list[str] | None = None) -> Path:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", type=Path, required=True)
+    p.add_argument("--method", choices=sorted(RECIPES), default="estp")
+    p.add_argument("--out", type=Path, help="checkpoint path (default predictor/checkpoints/<method>)")
+    p.add_argument("--model", default="embedded", help="'embedded' or a Hugging Face model folder")
+    p.add_argument("--cache-dir", type=Path, default=CACHE_DIR)
+    p.add_argument("--lam", type=float, help="ESTP lambda (weight of attention vs entropy)")
+    p.add_argument("--alpha", type=float, help="ESTP softmax temperature")
+    p.add_argument("--normalisation", choices=["zscore", "minmax", "none"])
+    p.add_argument("--no-sink-mask", action="store_true", help="ablation: let the attention sink be pooled")
+    p.add_argument("--no-debias", action="store_true", help="ablation: no positional debiasing of attention")
+    p.add_argument("--loss", help="override the method's loss (see predictor.losses.LOSSES)")
+    p.add_argument("--bins", type=int, help="override the method's number of bins")
+    p.add_argument("--tau", type=float, default=1.0, help="soft-label width in bins")
+    p.add_argument("--trail-layer", type=int, default=DEFAULT_TRAIL_LAYER)
+    p.add_argument("--epochs", type=int, default=200)
+    p.add_argument("--patience", type=int, default=20)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-batch-tokens", type=int, default=4096)
+    args = p.parse_args(argv)
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from deployments.model_files import resolve_model_source
+
+    model_dir = resolve_model_source(args.model)
+    model_hash = model_weights_hash(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    settings, splits = read_dataset(args.dataset, tokenizer)
+    if settings["weights_hash"] != model_hash:
+        raise SystemExit(f"dataset was generated by weights {settings['weights_hash']}, model is {model_hash}")
+    if not splits.get("train") or not splits.get("val"):
+        raise SystemExit(f"need train and val prompts; have {({k: len(v) for k, v in splits.items()})}")
+
+    recipe = RECIPES[args.method]
+    overrides = {k: v for k, v in dict(lam=args.lam, alpha=args.alpha, normalisation=args.normalisation).items()
+                 if v is not None}
+    if args.no_sink_mask:
+        overrides["mask_sink"] = False
+    recipe = Recipe(recipe.pooling.model_copy(update=overrides), args.loss or recipe.loss,
+                    args.bins or recipe.bins, recipe.trail)
+    debias = not args.no_debias
+
+    cache = FeatureCache(args.cache_dir, model_hash, FeatureConfig(aux_layer=args.trail_layer))
+    examples = splits["train"] + splits["val"]
+    if cache.missing(examples):
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        cache.fill(model, examples, tokenizer.pad_token_id, args.max_batch_tokens)
+
+    x_train, y_train = _expand(pooled_inputs(cache, splits["train"], recipe, debias), splits["train"])
+    x_val, y_val = _expand(pooled_inputs(cache, splits["val"], recipe, debias), splits["val"])
+    max_tokens = int(settings["max_tokens"])
+    bins = LengthBins.from_lengths(y_train, k=recipe.bins, max_tokens=max_tokens)
+    loss = LossConfig(name=recipe.loss, tau=args.tau)
+    head, metrics = fit_head(x_train, y_train, x_val, y_val, bins, loss, args.epochs, args.patience, args.lr,
+                             args.batch_size, args.seed)
+
+    n_samples = sum(len(e.lengths) for e in examples)
+    meta = CheckpointMeta(
+        base_model_id=settings["model_id"],
+        base_model_hash=model_hash,
+        feature_layer=args.trail_layer if recipe.trail else -1,
+        feature_dim=x_train.shape[1],
+        debias=debias,
+        pooling=recipe.pooling,
+        bins=bins,
+        loss=loss,
+        training_data_version=f"{args.dataset.name}@{_sha16(settings)}:{n_samples}",
+        metrics={**metrics, "train_samples": float(len(y_train)), "val_samples": float(len(y_val))},
+    )
+    path = save_checkpoint(args.out or CHECKPOINT_DIR / args.method, head, meta)
+    print(json.dumps({"checkpoint": str(path), "method": args.method, **meta.metrics}))
+    return path
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""OpenAI-format errors, so any OpenAI client raises the right exception class with our message."""
+
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+
+_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    500: "internal_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {
+            "error": {
+                "message": self.message,
+                "type": _TYPES.get(self.status, "api_error"),
+                "param": self.param,
+                "code": self.code or self.status,
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)

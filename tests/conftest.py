@@ -1,0 +1,22 @@
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    """The default application from ray_config.yaml, served over real HTTP."""
+    from tests.stack import RunningStack
+
+    running = RunningStack(tmp_path_factory.mktemp("stack")).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def client(stack):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=300)

@@ -1,0 +1,107 @@
+"""Bad input gets an OpenAI-format error with the right status, and the server keeps serving."""
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.stack
+
+
+def _chat(stack, **overrides) -> dict:
+    body = {"model": stack.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    body.update(overrides)
+    return body
+
+
+def _post(stack, path: str, content: bytes | None = None, json_body=None) -> httpx.Response:
+    headers = {"content-type": "application/json"}
+    return httpx.post(f"{stack.base_url}{path}", content=content, json=json_body, headers=headers, timeout=120)
+
+
+def _assert_error(r: httpx.Response, status: int, fragment: str) -> None:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) >= {"message", "type", "param", "code"}
+    assert fragment.lower() in err["message"].lower(), err
+
+
+@pytest.fixture
+def still_serving(client, stack):
+    yield
+    r = client.chat.completions.create(
+        model=stack.model, messages=[{"role": "user", "content": "Still there?"}], max_tokens=2
+    )
+    assert r.usage.completion_tokens >= 1
+
+
+CASES = {
+    "malformed_json": (b'{"model": "x", "messages": [', 400, "not valid JSON"),
+    "not_an_object": (b'["a", "b"]', 400, "JSON object"),
+    "non_utf8": (b'{"model": "\xff\xfe"}', 400, "UTF-8"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_unparseable_bodies(stack, still_serving, name):
+    raw, status, fragment = CASES[name]
+    _assert_error(_post(stack, "/v1/chat/completions", content=raw), status, fragment)
+
+
+@pytest.mark.parametrize(
+    "overrides,param,fragment",
+    [
+        ({"messages": "hi"}, "messages", "valid list"),
+        ({"temperature": "hot"}, "temperature", "valid number"),
+        ({"messages": []}, "messages", "at least one message"),
+        ({"max_tokens": 0}, "max_tokens", "at least 1"),
+        ({"max_tokens": -3}, "max_tokens", "at least 1"),
+        ({"max_tokens": 100000}, "max_tokens", "exceeds the model's context"),
+    ],
+)
+def test_invalid_fields(stack, still_serving, overrides, param, fragment):
+    r = _post(stack, "/v1/chat/completions", json_body=_chat(stack, **overrides))
+    _assert_error(r, 400, fragment)
+    assert r.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize("missing", ["model", "messages"])
+def test_missing_fields(stack, still_serving, missing):
+    body = _chat(stack)
+    del body[missing]
+    r = _post(stack, "/v1/chat/completions", json_body=body)
+    _assert_error(r, 400, f"'{missing}'")
+
+
+def test_unknown_model_is_404_for_the_openai_client(client, still_serving):
+    with pytest.raises(openai.NotFoundError) as exc:
+        client.chat.completions.create(
+            model="no-such-model", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+    assert "no-such-model" in str(exc.value)
+
+
+def test_prompt_longer_than_context_is_rejected_by_the_engine(client, stack, still_serving):
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(model=stack.model, prompt="hello " * 6000, max_tokens=4)
+    assert "token" in str(exc.value).lower()
+
+
+def test_empty_completion_prompt(stack, still_serving):
+    r = _post(stack, "/v1/completions", json_body={"model": stack.model, "prompt": "", "max_tokens": 2})
+    _assert_error(r, 400, "prompt")
+
+
+def test_oversized_body_is_413(stack, still_serving):
+    body = _chat(stack, messages=[{"role": "user", "content": "x" * 2_000_000}])
+    _assert_error(_post(stack, "/v1/chat/completions", json_body=body), 413, "exceeds the limit")
+
+
+def test_unknown_route_is_404_in_openai_format(stack, still_serving):
+    r = httpx.get(f"{stack.base_url}/v1/nothing-here", timeout=30)
+    _assert_error(r, 404, "not found")
+
+
+def test_health(stack):
+    r = httpx.get(f"{stack.base_url}/health", timeout=30)
+    assert r.status_code == 200
+    assert r.json()["status"] == "ok"
