@@ -52,12 +52,14 @@ class LengthEstimator:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     @classmethod
-    def load(cls, model_path: str | os.PathLike, checkpoint_path: str | os.PathLike, **kwargs) -> "LengthEstimator":
+    def load(
+        cls, model_path: str | os.PathLike, checkpoint_path: str | os.PathLike, device: str = "cpu", **kwargs
+    ) -> "LengthEstimator":
         """Load the serving model's weights from `model_path`; refuses a head trained on other weights."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         head, meta = load_checkpoint(checkpoint_path, expected_base_model_hash=model_weights_hash(model_path))
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
         return cls(model, AutoTokenizer.from_pretrained(model_path), head, meta, **kwargs)
 
     def encode(self, prompt: Prompt) -> list[int]:

@@ -16,6 +16,7 @@ Without training lengths, `LengthBins.log_spaced` gives edges that are relativel
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -49,9 +50,7 @@ class LengthBins(BaseModel):
 
     @classmethod
     def log_spaced(cls, k: int = 20, max_tokens: int = 1024, first_edge: float = 4.0) -> "LengthBins":
-        edges = [0.0] + torch.logspace(
-            torch.log10(torch.tensor(first_edge)), torch.log10(torch.tensor(float(max_tokens))), k
-        ).tolist()
+        edges = [0.0] + torch.logspace(math.log10(first_edge), math.log10(max_tokens), k, dtype=torch.float64).tolist()
         edges[-1] = float(max_tokens)
         return cls(edges=edges, centres=[(a + b) / 2 for a, b in zip(edges, edges[1:])], max_tokens=max_tokens)
 

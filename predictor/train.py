@@ -198,7 +198,10 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-batch-tokens", type=int, default=4096)
+    p.add_argument("--threads", type=int, help="torch CPU threads (1 when sharing the CPU with an engine)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer

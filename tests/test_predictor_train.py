@@ -9,7 +9,7 @@ import torch
 from predictor import train
 from predictor.checkpoint import load_checkpoint, model_weights_hash
 from predictor.estimator import LengthEstimator, encode_prompt
-from predictor.features import extract_features, pad_left
+from predictor.features import FeatureConfig, extract_features, pad_left
 from predictor.pooling import pool
 
 torch.set_num_threads(1)
@@ -79,7 +79,7 @@ def test_training_inputs_match_inference_inputs(dataset, cache_dir, tmp_path, me
     _, splits = train.read_dataset(dataset, est.tokenizer)
     recipe = train.RECIPES[method]
     cache = train.FeatureCache(cache_dir, est.meta.base_model_hash,
-                               train.FeatureConfig(aux_layer=train.DEFAULT_TRAIL_LAYER))
+                               FeatureConfig(aux_layer=train.DEFAULT_TRAIL_LAYER))
     from_cache = train.pooled_inputs(cache, splits["val"], recipe, debias=True)
     ids = [e.ids for e in splits["val"]]
     with torch.no_grad():

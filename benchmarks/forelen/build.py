@@ -151,14 +151,24 @@ def build(
 
 
 def _generate(path, pending, settings, prompt_ids, samples_path, inflight, n_done, n_total, tqdm):
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
     llm = LLM(
         model=path, dtype=settings.dtype, max_model_len=settings.max_model_len,
         enforce_eager=True, max_num_seqs=inflight, seed=settings.seed,
     )
     engine = llm.llm_engine
+    try:
+        _drain(engine, pending, settings, prompt_ids, samples_path, inflight, n_done, n_total, tqdm)
+    finally:
+        # Free the engine's processes now, not at interpreter exit (tests build in-process).
+        engine.engine_core.shutdown()
+
+
+def _drain(engine, pending, settings, prompt_ids, samples_path, inflight, n_done, n_total, tqdm):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
     queue = list(reversed(pending))
     live: dict[str, tuple[PromptItem, int, int]] = {}
     bar = tqdm(total=n_total, initial=n_done, unit="sample", smoothing=0.05)

@@ -1,0 +1,25 @@
+"""Read a built ForeLen-style dataset: the one place that knows its files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.forelen.build import DEFAULT_OUT, META_FILE, SAMPLES_FILE
+
+
+def load_samples(root: Path = DEFAULT_OUT, split: str | None = None, scenario: str | None = None) -> list[dict]:
+    rows = []
+    with open(Path(root) / SAMPLES_FILE, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a hard stop of the builder
+            if (split is None or r["split"] == split) and (scenario is None or r["scenario"] == scenario):
+                rows.append(r)
+    return rows
+
+
+def load_meta(root: Path = DEFAULT_OUT) -> dict:
+    return json.loads((Path(root) / META_FILE).read_text())
