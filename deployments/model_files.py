@@ -45,6 +45,14 @@ def weights_hash(model_dir: str | os.PathLike) -> str:
     return digest.hexdigest()[:16]
 
 
+def model_weights_hash(model_dir: str | os.PathLike) -> str:
+    """The hash datasets and checkpoints are keyed on: the conversion record's, else computed."""
+    marker = Path(model_dir) / _DONE_MARKER
+    if marker.exists():
+        return json.loads(marker.read_text())["weights_sha256_16"]
+    return weights_hash(model_dir)
+
+
 def prepare_embedded_model(out_dir: str | os.PathLike = DEFAULT_MODEL_DIR) -> Path:
     """Convert once; later calls return the existing folder at no cost."""
     out = Path(out_dir)

@@ -73,13 +73,3 @@ def load_checkpoint(
     head = LengthHead(meta.feature_dim, meta.bins.k, meta.dropout)
     head.load_state_dict(load_file(str(path)))
     return head.eval(), meta
-
-
-def model_weights_hash(model_dir: str | os.PathLike) -> str:
-    """The hash datasets and checkpoints are keyed on: the conversion record's, else computed."""
-    from deployments.model_files import weights_hash
-
-    marker = Path(model_dir) / "conversion.json"
-    if marker.exists():
-        return json.loads(marker.read_text())["weights_sha256_16"]
-    return weights_hash(model_dir)

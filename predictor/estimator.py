@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from predictor.checkpoint import CheckpointMeta, load_checkpoint, model_weights_hash
+from deployments.model_files import model_weights_hash
+from predictor.checkpoint import CheckpointMeta, load_checkpoint
 from predictor.features import FeatureConfig, extract_features, micro_batches, pad_left
 from predictor.head import LengthHead, LengthPrediction, summarise
 from predictor.pooling import pool

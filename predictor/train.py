@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from predictor.checkpoint import CheckpointMeta, model_weights_hash, save_checkpoint
+from deployments.model_files import model_weights_hash
+from predictor.checkpoint import CheckpointMeta, save_checkpoint
 from predictor.estimator import encode_prompt
 from predictor.features import FeatureConfig, PrefillFeatures, extract_features, micro_batches, pad_left, receiver_counts
 from predictor.head import LengthBins, LengthHead

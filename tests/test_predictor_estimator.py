@@ -30,7 +30,7 @@ def write_checkpoint(tmp_path, base_hash, pooling=PoolingConfig()):
 
 @pytest.fixture(scope="module")
 def estimator(tmp_path_factory):
-    from predictor.checkpoint import model_weights_hash
+    from deployments.model_files import model_weights_hash
 
     path = write_checkpoint(tmp_path_factory.mktemp("ckpt"), model_weights_hash(MODEL_DIR))
     return LengthEstimator.load(MODEL_DIR, path, max_batch_tokens=80)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from predictor import train
-from predictor.checkpoint import load_checkpoint, model_weights_hash
+from deployments.model_files import model_weights_hash
+from predictor.checkpoint import load_checkpoint
 from predictor.estimator import LengthEstimator, encode_prompt
 from predictor.features import FeatureConfig, extract_features, pad_left
 from predictor.pooling import pool

@@ -53,16 +53,11 @@ class GenerationSettings:
 
 
 def _model_identity(model_source: str) -> tuple[str, str, str]:
-    from deployments.model_files import EMBEDDED_MODEL_ID, resolve_model_source, weights_hash
+    from deployments.model_files import EMBEDDED_MODEL_ID, model_weights_hash, resolve_model_source
 
     path = resolve_model_source(model_source)
     model_id = EMBEDDED_MODEL_ID if model_source == "embedded" else model_source
-    marker = Path(path) / "conversion.json"
-    if marker.exists():
-        return path, model_id, json.loads(marker.read_text())["weights_sha256_16"]
-    if Path(path).is_dir():
-        return path, model_id, weights_hash(path)
-    return path, model_id, "hub-revision-unpinned"
+    return path, model_id, model_weights_hash(path) if Path(path).is_dir() else "hub-revision-unpinned"
 
 
 def _done_keys(samples_path: Path) -> set[tuple[str, int]]:
