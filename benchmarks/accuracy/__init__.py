@@ -1,0 +1,1 @@
+"""Pieces of benchmarks/predictor_accuracy.py: metrics, method variants, overhead, report."""
