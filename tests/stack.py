@@ -53,9 +53,12 @@ class RunningStack:
     def start(self) -> "RunningStack":
         serve_bin = Path(sys.executable).with_name("serve")
         log = open(self.log_path, "w")
+        # RAY_ADDRESS=local: always a cluster of its own, never a developer's running one (whose
+        # app of the same name the test would otherwise replace).
         self._proc = subprocess.Popen(
             [str(serve_bin), "run", str(self.config_path)],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "RAY_ADDRESS": "local"},
         )
         deadline = time.time() + START_TIMEOUT_S
         while time.time() < deadline:
