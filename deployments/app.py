@@ -1,15 +1,67 @@
-"""`serve run ray_config.yaml` enters here: config -> vLLM pools -> router ingress."""
+"""`serve run ray_config.yaml` enters here: config -> predictor + vLLM pools -> router ingress."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
+from pathlib import Path
+
 from ray.serve import Application
 
-from deployments.config import StackConfig
+from deployments.config import PredictorSpec, StackConfig
 from deployments.engine_pool import build_pool
+from deployments.model_files import model_weights_hash, resolve_model_source
+from deployments.predictor_deployment import LengthPredictor
+from predictor.checkpoint import CheckpointMeta, load_checkpoint
 from router.ingress import Router
+from router.length_bins import PoolBins
+
+
+def _checkpoint_meta(path: Path, model_path: str) -> CheckpointMeta:
+    """Load the head at build time: a wrong path or base model fails `serve run` at once."""
+    try:
+        _, meta = load_checkpoint(path, expected_base_model_hash=model_weights_hash(model_path))
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"no predictor checkpoint at {path}; train one with "
+            f"`python -m predictor.train --dataset <dataset> --out {path}`"
+        ) from None
+    return meta
+
+
+def _build_predictor(spec: PredictorSpec, checkpoint: Path, model_path: str, bins: PoolBins):
+    options = {**spec.deployment, "name": "length-predictor"}
+    # Below the batch size, Serve would never let a batch fill (its default is 5 per replica).
+    options.setdefault("max_ongoing_requests", 4 * spec.max_batch_size)
+    if spec.gpus:
+        options["ray_actor_options"] = {**options.get("ray_actor_options", {}), "num_gpus": spec.gpus}
+    return LengthPredictor.options(**options).bind(
+        model_path=model_path, checkpoint=str(checkpoint), pools=asdict(bins),
+        device="cuda" if spec.gpus else "cpu", max_batch_size=spec.max_batch_size,
+        batch_wait_timeout_s=spec.batch_wait_timeout_s, max_batch_tokens=spec.max_batch_tokens,
+    )
 
 
 def build_app(args: dict) -> Application:
     config = StackConfig.model_validate(args or {})
-    pools = {pool.name: build_pool(config.model, pool) for pool in config.pools}
-    return Router.options(**config.router.deployment).bind(pools=pools, config=config.model_dump())
+    model_path = resolve_model_source(config.model.source)
+    names = [pool.name for pool in config.pools]
+    predictor, predictor_name, edges = None, None, config.router.output_edges
+    if config.predictor is not None:
+        checkpoint = config.predictor.checkpoint_path(config.router.policy)
+        meta = _checkpoint_meta(checkpoint, model_path)
+        bins = PoolBins(tuple(names), tuple(edges)) if edges is not None else PoolBins.from_quantiles(names, meta.bins)
+        predictor = _build_predictor(config.predictor, checkpoint, model_path, bins)
+        predictor_name = meta.pooling.method
+    else:
+        bins = PoolBins(tuple(names), tuple(edges or ()))
+    pools = {pool.name: build_pool(config.model, pool, config.router.shortest_first) for pool in config.pools}
+    routing = {
+        "model_path": model_path,
+        "output_bins": asdict(bins),
+        "predictor_name": predictor_name,
+        "capacities": {pool.name: pool.saturation() for pool in config.pools},
+        "replicas": {pool.name: pool.replicas() for pool in config.pools},
+    }
+    return Router.options(**config.router.deployment).bind(
+        pools=pools, predictor=predictor, config=config.model_dump(), routing=routing
+    )

@@ -6,9 +6,15 @@ of surfacing as a half-started cluster.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from router.policies import POLICIES, PREDICTED
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CHECKPOINTS = REPO_ROOT / "predictor" / "checkpoints"
 
 
 class _Strict(BaseModel):
@@ -27,6 +33,9 @@ class ModelSpec(_Strict):
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="passed to vLLM's engine as is (dtype, enforce_eager, ...)"
     )
+    engine_env: dict[str, str] = Field(
+        default_factory=dict, description="environment of every engine process, over the CPU defaults"
+    )
     engine_cpus: float = Field(
         0.5, gt=0, description="logical CPUs reserved for each engine's worker (Ray accounting)"
     )
@@ -42,24 +51,103 @@ class PoolSpec(_Strict):
         description="Ray Serve deployment options: num_replicas or autoscaling_config, "
         "max_ongoing_requests, ray_actor_options",
     )
+    capacity: int | None = Field(
+        None, gt=0, description="in-flight requests at which the pool counts as saturated and new ones "
+        "spill to a neighbour; default max_ongoing_requests x (max) replicas, unlimited without them",
+    )
+
+    def replicas(self) -> int:
+        """The most replicas the pool can have: what its capacity and ray_default's weight count."""
+        autoscaling = self.deployment.get("autoscaling_config") or {}
+        count = autoscaling.get("max_replicas", self.deployment.get("num_replicas", 1))
+        return count if isinstance(count, int) else 1
+
+    def saturation(self) -> int | None:
+        if self.capacity is not None:
+            return self.capacity
+        per_replica = self.deployment.get("max_ongoing_requests")
+        return per_replica * self.replicas() if per_replica else None
+
+
+class PredictorSpec(_Strict):
+    """The length predictor deployment: the serving model's weights plus a trained head."""
+
+    checkpoint: str | None = Field(
+        None, description="head checkpoint path (no suffix), relative to the repo; default "
+        "predictor/checkpoints/<policy>/head for estp/egtp, else the ESTP one",
+    )
+    timeout_s: float = Field(5.0, gt=0, description="longer waits route by the fallback policy")
+    max_prompt_tokens: int = Field(
+        2048, gt=0, description="longer prompts are not predicted (prefill cost): fallback policy",
+    )
+    max_batch_size: int = Field(8, gt=0, description="concurrent requests predicted in one prefill batch")
+    batch_wait_timeout_s: float = Field(0.01, ge=0, description="how long a batch waits to fill")
+    max_batch_tokens: int = Field(4096, gt=0, description="padded tokens per prefill micro-batch (memory)")
+    gpus: float = Field(0, ge=0, description="fractional GPU per replica on GPU nodes (then it runs on cuda)")
+    deployment: dict[str, Any] = Field(
+        default_factory=lambda: {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.2}},
+        description="Ray Serve deployment options of the predictor",
+    )
+
+    def checkpoint_path(self, policy: str) -> Path:
+        if self.checkpoint is not None:
+            return REPO_ROOT / self.checkpoint
+        return DEFAULT_CHECKPOINTS / (policy if policy in PREDICTED else "estp") / "head"
 
 
 class RouterSpec(_Strict):
+    policy: Literal[tuple(POLICIES)] = Field("estp", description="how a pool is chosen")
+    fallback_policy: Literal["input_length", "round_robin", "ray_default"] = Field(
+        "input_length", description="used when the predictor fails, times out or cannot read the prompt",
+    )
+    output_edges: list[float] | None = Field(
+        None, description="output-token edges between pools (len(pools) - 1); null: equal shares "
+        "of the predictor's training lengths",
+    )
+    input_edges: list[int] | None = Field(
+        None, description="prompt-token edges between pools (len(pools) - 1) for input_length",
+    )
+    shortest_first: bool = Field(
+        True, description="vLLM priority scheduling inside each pool, priority = predicted tokens",
+    )
+    spillover: bool = Field(True, description="send to a neighbour pool when the chosen one is saturated")
+    oracle_header: bool = Field(
+        False, description="trust X-True-Output-Tokens (benchmarks only); needed by the oracle policy",
+    )
     max_body_bytes: int = Field(1_000_000, gt=0, description="larger bodies get 413")
     request_timeout_s: float = Field(600.0, gt=0)
+    # The router holds every request of every pool until its last token: Serve's default of 5
+    # ongoing requests per replica would queue the sixth stream at the proxy.
     deployment: dict[str, Any] = Field(
-        default_factory=lambda: {"ray_actor_options": {"num_cpus": 0.1}}
+        default_factory=lambda: {"max_ongoing_requests": 512, "ray_actor_options": {"num_cpus": 0.1}}
     )
 
 
 class StackConfig(_Strict):
     model: ModelSpec = Field(default_factory=ModelSpec)
     pools: list[PoolSpec] = Field(default_factory=lambda: [PoolSpec(name="default")], min_length=1)
+    predictor: PredictorSpec | None = Field(
+        default_factory=PredictorSpec, description="null: no predictor (length-blind policies only)",
+    )
     router: RouterSpec = Field(default_factory=RouterSpec)
 
     @model_validator(mode="after")
-    def _unique_pool_names(self) -> "StackConfig":
+    def _consistent(self) -> "StackConfig":
         names = [p.name for p in self.pools]
         if len(set(names)) != len(names):
             raise ValueError(f"pool names must be unique, got {names}")
+        router, edges_needed = self.router, len(self.pools) - 1
+        if router.policy in PREDICTED and self.predictor is None:
+            raise ValueError(f"policy {router.policy!r} needs the predictor; it is disabled (predictor: null)")
+        if router.policy == "oracle" and not router.oracle_header:
+            raise ValueError("policy 'oracle' reads X-True-Output-Tokens: set router.oracle_header: true")
+        for field in ("output_edges", "input_edges"):
+            edges = getattr(router, field)
+            if edges is not None and len(edges) != edges_needed:
+                raise ValueError(f"router.{field} needs {edges_needed} edges for {len(self.pools)} pools, got {edges}")
+        if router.output_edges is None and self.predictor is None and edges_needed:
+            raise ValueError("router.output_edges must be set when there is no predictor checkpoint to take them from")
+        uses_input = "input_length" in (router.policy, router.fallback_policy)
+        if router.input_edges is None and uses_input and edges_needed:
+            raise ValueError("the input_length policy (also as fallback) needs router.input_edges")
         return self

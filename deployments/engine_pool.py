@@ -13,17 +13,33 @@ from ray.serve.llm import LLMConfig, build_llm_deployment
 from deployments.config import ModelSpec, PoolSpec
 from deployments.model_files import resolve_model_source
 
-# vLLM's engine process inherits these from the replica; they bound CPU memory and keep the
-# engine off any model hub.
-_ENGINE_ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2"}
+# vLLM's engine process inherits these from the replica; they keep the engine off any model hub.
+_ENGINE_ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1"}
+# On CPU, vLLM binds its OpenMP threads itself: the default ("auto") reserves a core and pins
+# every engine to the same remaining one, so several pools on one machine would all compute on
+# core 0. Unbound, one thread each, the OS spreads the engines over all cores. 1 GiB of KV cache
+# per engine (~23k tokens of SmolLM2) keeps several pools within memory.
+_CPU_ENGINE_ENV_DEFAULTS = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+}
 
 
-def llm_config(model: ModelSpec, pool: PoolSpec) -> LLMConfig:
+def engine_env(model: ModelSpec) -> dict[str, str]:
+    """Defaults, then the application's environment (ray_config's runtime_env), then `engine_env`."""
+    defaults = {**_ENGINE_ENV_DEFAULTS, **(_CPU_ENGINE_ENV_DEFAULTS if model.accelerator == "cpu" else {})}
+    return {**{k: os.environ.get(k, v) for k, v in defaults.items()}, **model.engine_env}
+
+
+def llm_config(model: ModelSpec, pool: PoolSpec, priority_scheduling: bool) -> LLMConfig:
     engine_kwargs = {"max_model_len": model.max_model_len, **model.engine_kwargs}
+    if priority_scheduling:  # requests carry `priority` = predicted tokens: shortest first
+        engine_kwargs["scheduling_policy"] = "priority"
     worker = {"CPU": model.engine_cpus}
     if model.engine_gpus:
         worker["GPU"] = model.engine_gpus
-    env = {k: os.environ.get(k, v) for k, v in _ENGINE_ENV_DEFAULTS.items()}
+    env = engine_env(model)
     deployment = {"name": pool.name, **pool.deployment}
     # The replica actor itself only relays requests to its engine process: a sliver of a CPU.
     deployment.setdefault("ray_actor_options", {}).setdefault("num_cpus", 0.05)
@@ -40,5 +56,5 @@ def llm_config(model: ModelSpec, pool: PoolSpec) -> LLMConfig:
     )
 
 
-def build_pool(model: ModelSpec, pool: PoolSpec):
-    return build_llm_deployment(llm_config(model, pool), name_prefix="pool-")
+def build_pool(model: ModelSpec, pool: PoolSpec, priority_scheduling: bool):
+    return build_llm_deployment(llm_config(model, pool, priority_scheduling), name_prefix="pool-")

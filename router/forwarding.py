@@ -4,15 +4,21 @@
 of SSE strings (streaming), or an `ErrorResponse` as the first item when vLLM rejects the request
 (for instance a prompt longer than the context): peeking at that first item is what lets an engine
 rejection become a proper 4xx instead of a broken stream.
+
+The router needs every request's real completion length (to score the prediction), so streams
+are always asked for usage; the final usage chunk is dropped again when the client did not ask
+for it. `done(completion_tokens or None)` tells the caller when the pool is finished with the
+request: at once for a JSON answer, at the end of the stream for SSE.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi.responses import JSONResponse, StreamingResponse
+from ray.exceptions import TaskCancelledError
 from ray.serve.handle import DeploymentHandle
 # vLLM's class, not ray.serve.llm's public subclass: Ray's engine returns its internal subclass,
 # which is no instance of the public one.
@@ -21,6 +27,7 @@ from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from router.errors import APIError
 
 log = logging.getLogger("ray.serve")
+Done = Callable[[int | None], None]
 
 
 async def _first(stream) -> object:
@@ -48,30 +55,81 @@ def _sse(item) -> str:
     return f"data: {item.model_dump_json()}\n\n"
 
 
-async def _relay(first, stream) -> AsyncIterator[str]:
-    done = False
+def _usage_event(event: str) -> int | None:
+    """completion_tokens of vLLM's final usage chunk (no choices, a usage object), else None."""
+    if '"choices":[]' not in event or '"usage"' not in event:
+        return None
+    usage = json.loads(event.removeprefix("data: ")).get("usage") or {}
+    return usage.get("completion_tokens")
+
+
+class _UsageTap:
+    """Reads the usage chunk as it passes and, unless the client asked for it, removes it."""
+
+    def __init__(self, keep: bool):
+        self.keep = keep
+        self.completion_tokens: int | None = None
+
+    def __call__(self, chunk: str) -> str:
+        if '"usage"' not in chunk:
+            return chunk
+        events = []
+        for event in chunk.split("\n\n"):
+            tokens = _usage_event(event)
+            if tokens is not None:
+                self.completion_tokens = tokens
+                if not self.keep:
+                    continue
+            events.append(event)
+        return "\n\n".join(events)
+
+
+async def _items(first, stream) -> AsyncIterator:
+    yield first
+    async for item in stream:
+        yield item
+
+
+async def _relay(first, stream, tap: _UsageTap, done: Done) -> AsyncIterator[str]:
+    ended = False
     try:
-        for item in (first,):
-            chunk = _sse(item)
-            done |= "data: [DONE]" in chunk
-            yield chunk
-        async for item in stream:
-            chunk = _sse(item)
-            done |= "data: [DONE]" in chunk
+        async for item in _items(first, stream):
+            chunk = tap(_sse(item))
+            ended |= "data: [DONE]" in chunk
             yield chunk
     except Exception as e:  # mid-stream failure: tell the client instead of cutting silently
         log.exception("pool stream failed mid-way")
         err = APIError(503, f"The model replica failed mid-stream: {type(e).__name__}.")
         yield f"data: {json.dumps(err.body())}\n\n"
-    if not done:
+    finally:  # also when the client goes away mid-stream
+        done(tap.completion_tokens)
+    if not ended:
         yield "data: [DONE]\n\n"
 
 
-async def forward(handle: DeploymentHandle, kind: str, body, extra_headers: dict[str, str]):
+class _SSEResponse(StreamingResponse):
+    """Ray Serve reports a client that hung up mid-stream by raising TaskCancelledError from
+    `receive`, where Starlette waits for an `http.disconnect` message: take it as one."""
+
+    async def listen_for_disconnect(self, receive) -> None:
+        try:
+            await super().listen_for_disconnect(receive)
+        except TaskCancelledError:
+            pass
+
+
+async def forward(
+    handle: DeploymentHandle, kind: str, body, headers: dict[str, str], extension: dict,
+    client_wants_usage: bool, done: Done,
+):
+    """The pool's answer as HTTP; `extension` fields are added to a JSON body, headers to both."""
     stream = getattr(handle, kind).remote(body, None)
     first = await _first(stream)
     if (err := _engine_error(first)) is not None:
         raise err
     if not getattr(body, "stream", False):
-        return JSONResponse(first.model_dump(mode="json"), headers=extra_headers)
-    return StreamingResponse(_relay(first, stream), media_type="text/event-stream", headers=extra_headers)
+        payload = first.model_dump(mode="json")
+        done((payload.get("usage") or {}).get("completion_tokens"))
+        return JSONResponse({**payload, **extension}, headers=headers)
+    tap = _UsageTap(keep=client_wants_usage)
+    return _SSEResponse(_relay(first, stream, tap, done), media_type="text/event-stream", headers=headers)

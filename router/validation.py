@@ -34,6 +34,18 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
+def request_kind(raw: bytes) -> Kind:
+    """Chat or completions from the body's shape, for endpoints that take either (/v1/length).
+
+    Unparseable bodies count as chat: parse_request then says what is wrong with them.
+    """
+    try:
+        payload = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return "chat"
+    return "completions" if isinstance(payload, dict) and "prompt" in payload and "messages" not in payload else "chat"
+
+
 def _first_error(err: ValidationError) -> APIError:
     first = err.errors()[0]
     param = ".".join(str(p) for p in first.get("loc", ())) or None

@@ -80,6 +80,11 @@ class RunningStack:
         except httpx.HTTPError:
             return False
 
+    @property
+    def pid(self) -> int:
+        """`serve run`'s process: the root of the stack's process tree (Ray, replicas, engines)."""
+        return self._proc.pid
+
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 

@@ -1,0 +1,137 @@
+"""Pool choice, spillover and bin mapping, without a server."""
+
+import random
+
+import pytest
+
+from predictor.head import LengthBins, LengthPrediction
+from router.length_bins import PoolBins
+from router.policies import POLICIES, Job, NoDecision, PolicyContext
+from router.pool_load import PoolLoad
+
+POOLS = ["short", "medium", "long"]
+BINS = PoolBins(tuple(POOLS), (100.0, 300.0))
+
+
+def _ctx(capacities=None, replicas=None, seed=0) -> PolicyContext:
+    load = PoolLoad(POOLS, capacities or dict.fromkeys(POOLS))
+    return PolicyContext(POOLS, BINS, [50, 200], replicas or dict.fromkeys(POOLS, 1), load, random.Random(seed))
+
+
+def _policy(name, ctx=None):
+    return POLICIES[name](ctx or _ctx())
+
+
+def test_pool_of_uses_upper_inclusive_edges():
+    assert [BINS.pool_of(t) for t in (1, 100, 101, 300, 301, 10_000)] == [
+        "short", "short", "medium", "medium", "long", "long"]
+
+
+def test_pool_edges_must_fit_the_pools():
+    with pytest.raises(ValueError):
+        PoolBins(("a", "b"), (10.0, 20.0))
+    with pytest.raises(ValueError):
+        PoolBins(("a", "b", "c"), (30.0, 20.0))
+
+
+def test_round_robin_cycles():
+    policy = _policy("round_robin")
+    assert [policy.choose(Job()) for _ in range(4)] == ["short", "medium", "long", "short"]
+
+
+def test_input_length_buckets_and_needs_a_prompt():
+    policy = _policy("input_length")
+    assert [policy.choose(Job(prompt_tokens=t)) for t in (10, 50, 51, 500)] == ["short", "short", "medium", "long"]
+    with pytest.raises(NoDecision):
+        policy.choose(Job())
+
+
+@pytest.mark.parametrize("name", ["estp", "egtp"])
+def test_predicted_policies_take_the_predicted_bin(name):
+    policy = _policy(name)
+    assert policy.choose(Job(prediction={"bin": "long", "expected_tokens": 400})) == "long"
+    with pytest.raises(NoDecision, match="no_prediction"):
+        policy.choose(Job(prompt_tokens=10))
+    with pytest.raises(NoDecision, match="timeout"):  # the fallback is labelled with the predictor's failure
+        policy.choose(Job(prompt_tokens=10, prediction_failure="timeout"))
+
+
+def test_oracle_bins_the_true_length_and_needs_it():
+    policy = _policy("oracle")
+    assert policy.choose(Job(true_tokens=250)) == "medium"
+    with pytest.raises(NoDecision, match="no_oracle_header"):
+        policy.choose(Job())
+
+
+def test_ray_default_prefers_the_less_loaded_of_two_samples():
+    ctx = _ctx()
+    for _ in range(5):
+        ctx.load.acquire("short")
+        ctx.load.acquire("medium")
+    policy = _policy("ray_default", ctx)
+    # Two of the three possible pairs contain the idle long pool, and it wins them.
+    share = sum(policy.choose(Job()) == "long" for _ in range(600)) / 600
+    assert share == pytest.approx(2 / 3, abs=0.08)
+
+
+def test_ray_default_weights_pools_by_replicas():
+    policy = _policy("ray_default", _ctx(replicas={"short": 8, "medium": 1, "long": 1}, seed=1))
+    picks = [policy.choose(Job()) for _ in range(400)]
+    assert picks.count("short") > picks.count("medium") + picks.count("long")
+
+
+def test_spillover_goes_to_the_nearest_pool_with_room_longer_first():
+    load = PoolLoad(POOLS, {"short": 1, "medium": 1, "long": 1})
+    assert load.spill("medium") == "medium"
+    load.acquire("medium")
+    assert load.spill("medium") == "long"  # both neighbours free: the longer one
+    load.acquire("long")
+    assert load.spill("medium") == "short"
+    load.acquire("short")
+    assert load.spill("medium") == "medium"  # everything full: stay and queue
+    load.release("long")
+    assert load.spill("short") == "long"  # medium full: the next free pool further away
+
+
+def test_unlimited_pools_never_spill():
+    load = PoolLoad(POOLS, {"short": None, "medium": 2, "long": 2})
+    for _ in range(100):
+        load.acquire("short")
+    assert load.spill("short") == "short"
+
+
+def _head_bins():
+    return LengthBins(edges=[0, 50, 100, 200, 400, 1024], centres=[25, 75, 150, 300, 700], max_tokens=1024)
+
+
+def test_pool_edges_from_training_quantiles():
+    # 5 equal-mass bins: the 1/3 quantile is 2/3 of the way through bin 1, the 2/3 one 1/3 into bin 3.
+    bins = PoolBins.from_quantiles(POOLS, _head_bins())
+    assert bins.edges == pytest.approx((83.0, 267.0), abs=1)
+
+
+def test_pool_masses_follow_the_distribution_and_the_cap():
+    head = _head_bins()
+    probs = [0.0, 0.0, 0.0, 0.5, 0.5]  # all mass above 200
+    masses = BINS.masses(head, probs)
+    assert masses["short"] == pytest.approx(0.0)
+    assert masses["medium"] == pytest.approx(0.25)  # half of the 200-400 bin lies below 300
+    assert masses["long"] == pytest.approx(0.75)
+    capped = BINS.masses(head, probs, cap=64)  # max_tokens 64: every output ends in short
+    assert capped == pytest.approx({"short": 1.0, "medium": 0.0, "long": 0.0})
+
+
+def test_describe_caps_expectation_and_quantiles_and_names_the_pool():
+    head = _head_bins()
+    prediction = LengthPrediction(
+        expected_tokens=500.0, quantiles={"p10": 220.0, "p50": 400.0, "p90": 900.0}, bin=4,
+        probabilities=[0.0, 0.0, 0.0, 0.5, 0.5],
+    )
+    free = BINS.describe(prediction, head, cap=None)
+    assert free["bin"] == "long" and free["expected_tokens"] == 500.0 and free["quantiles"]["p90"] == 900.0
+    capped = BINS.describe(prediction, head, cap=64)
+    assert capped["bin"] == "short"
+    assert capped["expected_tokens"] == pytest.approx(64.0)
+    assert capped["quantiles"] == {"p10": 64.0, "p50": 64.0, "p90": 64.0}
+    # A cap inside the distribution: E[min(U(200, 400), 300)] = 275 for half the mass, 300 for the rest.
+    assert BINS.describe(prediction, head, cap=300)["expected_tokens"] == pytest.approx(0.5 * 275 + 150, abs=0.1)

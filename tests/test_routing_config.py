@@ -1,0 +1,87 @@
+"""The routing part of ray_config's `args`: defaults, derived capacities and rejected combinations."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from deployments.config import DEFAULT_CHECKPOINTS, PoolSpec, StackConfig
+from deployments.engine_pool import engine_env, llm_config
+
+REPO = Path(__file__).resolve().parent.parent
+THREE = [{"name": "short"}, {"name": "medium"}, {"name": "long"}]
+
+
+def _default_args() -> dict:
+    return yaml.safe_load((REPO / "ray_config.yaml").read_text())["applications"][0]["args"]
+
+
+def test_default_config_is_three_length_pools_routed_by_estp():
+    config = StackConfig.model_validate(_default_args())
+    assert [p.name for p in config.pools] == ["short", "medium", "long"]
+    assert config.router.policy == "estp" and config.router.fallback_policy == "input_length"
+    assert config.predictor.checkpoint_path("estp") == DEFAULT_CHECKPOINTS / "estp" / "head"
+    assert config.predictor.checkpoint_path("egtp") == DEFAULT_CHECKPOINTS / "egtp" / "head"
+    assert config.predictor.checkpoint_path("round_robin") == DEFAULT_CHECKPOINTS / "estp" / "head"
+    assert not config.router.oracle_header
+
+
+def test_default_checkpoints_exist_for_both_predicted_policies():
+    for method in ("estp", "egtp"):
+        assert (DEFAULT_CHECKPOINTS / method / "head.safetensors").exists()
+        assert (DEFAULT_CHECKPOINTS / method / "head.json").exists()
+
+
+def test_capacity_from_ongoing_requests_and_replicas():
+    assert PoolSpec(name="a", deployment={"max_ongoing_requests": 8, "num_replicas": 2}).saturation() == 16
+    scaled = {"max_ongoing_requests": 4, "autoscaling_config": {"min_replicas": 1, "max_replicas": 3}}
+    assert PoolSpec(name="a", deployment=scaled).saturation() == 12
+    assert PoolSpec(name="a", deployment={"max_ongoing_requests": 4}, capacity=2).saturation() == 2
+    assert PoolSpec(name="a").saturation() is None
+
+
+@pytest.mark.parametrize(
+    "router,predictor,fragment",
+    [
+        ({"policy": "oracle", "input_edges": [1, 2]}, {}, "oracle_header"),
+        ({"policy": "estp", "input_edges": [1, 2]}, None, "needs the predictor"),
+        ({"input_edges": [1]}, {}, "needs 2 edges"),
+        ({"output_edges": [1, 2, 3], "input_edges": [1, 2]}, {}, "needs 2 edges"),
+        ({"policy": "round_robin"}, {}, "needs router.input_edges"),
+        ({"policy": "round_robin", "fallback_policy": "round_robin"}, None, "output_edges must be set"),
+        ({"fallback_policy": "estp", "input_edges": [1, 2]}, {}, "fallback_policy"),
+    ],
+)
+def test_inconsistent_routing_configs_fail_fast(router, predictor, fragment):
+    with pytest.raises(ValidationError, match=fragment):
+        StackConfig.model_validate({"pools": THREE, "router": router, "predictor": predictor})
+
+
+def test_cpu_engines_share_the_cores_and_priority_scheduling_is_switchable(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    config = StackConfig.model_validate({"model": {"engine_env": {"VLLM_CPU_KVCACHE_SPACE": "3"}}})
+    env = engine_env(config.model)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and env["OMP_NUM_THREADS"] == "1"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    gpu = StackConfig.model_validate({"model": {"accelerator": "gpu"}})
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_env(gpu.model)
+
+    pool = config.pools[0]
+    with_priority = llm_config(config.model, pool, priority_scheduling=True)
+    assert with_priority.engine_kwargs["scheduling_policy"] == "priority"
+    assert "scheduling_policy" not in llm_config(config.model, pool, priority_scheduling=False).engine_kwargs
+
+
+@pytest.mark.skipif(not (REPO / "models" / "SmolLM2-135M-Instruct").is_dir(), reason="converted model folder missing")
+@pytest.mark.parametrize("policy", ["estp", "egtp"])
+def test_checkpoints_load_for_the_serving_model_and_give_three_pools(policy):
+    from deployments.app import _checkpoint_meta
+    from router.length_bins import PoolBins
+
+    config = StackConfig.model_validate(_default_args())
+    meta = _checkpoint_meta(config.predictor.checkpoint_path(policy), str(REPO / "models" / "SmolLM2-135M-Instruct"))
+    assert meta.pooling.method == policy and meta.training_data_version.startswith("smollm2-135m-instruct@")
+    edges = PoolBins.from_quantiles(["short", "medium", "long"], meta.bins).edges
+    assert 0 < edges[0] < edges[1] < meta.bins.max_tokens

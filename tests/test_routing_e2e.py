@@ -1,0 +1,175 @@
+"""Length-aware routing end to end, on the default stack from ray_config.yaml (policy estp).
+
+Which prompts the provisional checkpoint calls short or long is its own business, so tests that
+need both ask /v1/length first and pick their prompts from the answers. The predictor-kill test
+runs last in this file: it leaves the stack serving, and waits until the predictor is back.
+"""
+
+import asyncio
+import json
+import time
+from contextlib import AsyncExitStack
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+from router.length_bins import PoolBins
+
+pytestmark = pytest.mark.stack
+
+POOLS = ["short", "medium", "long"]
+SHORT = "Say hi."
+# Math word problems: the provisional ESTP head gives them the most mass above the medium edge.
+LONG_CANDIDATES = [
+    "Monica tosses a fair 6-sided die. If the roll is a prime number, she wins that amount of dollars. "
+    "If the roll is composite, she wins nothing. Otherwise she loses 3 dollars. What is the expected "
+    "value of her winnings on one die toss?",
+    "I have 5 shirts, 3 pairs of pants and 4 hats. The pants come in red, blue and green. How many "
+    "outfits can I make if I refuse to wear an outfit in which the hat and the pants are the same colour?",
+    "What is the slope of a log N(>F) vs. log F curve for a homogeneous distribution of objects, each "
+    "of luminosity L?",
+]
+
+
+def _chat(stack, content: str, **extra) -> dict:
+    return {"model": stack.model, "messages": [{"role": "user", "content": content}], **extra}
+
+
+def _post(stack, path: str, body: dict, **kwargs) -> httpx.Response:
+    return httpx.post(f"{stack.base_url}{path}", json=body, timeout=300, **kwargs)
+
+
+def _predict(stack, content: str, **extra) -> dict:
+    r = _post(stack, "/v1/length", _chat(stack, content, **extra))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _stream_headers(stack, body: dict) -> httpx.Headers:
+    """Open a stream, keep only its headers, and hang up (the router cancels the rest)."""
+    with httpx.stream("POST", f"{stack.base_url}/v1/chat/completions", json={**body, "stream": True},
+                      timeout=300) as r:
+        assert r.status_code == 200
+        return r.headers
+
+
+def test_length_endpoint_predicts_on_the_engines_tokens(stack):
+    prediction = _predict(stack, "Name a colour.")
+    assert prediction["object"] == "length_prediction" and prediction["predictor"] == "estp"
+    assert prediction["bin"] in POOLS and set(prediction["pool_probabilities"]) == set(POOLS)
+    q = prediction["quantiles"]
+    assert 0 <= q["p10"] <= q["p50"] <= q["p90"] <= 1024 and prediction["expected_tokens"] > 0
+    answer = _post(stack, "/v1/chat/completions", _chat(stack, "Name a colour.", max_tokens=4)).json()
+    assert prediction["prompt_tokens"] == answer["usage"]["prompt_tokens"]  # the template the engine used
+
+    completion = _post(stack, "/v1/length", {"model": stack.model, "prompt": "The capital of France is",
+                                             "max_tokens": 8})
+    assert completion.status_code == 200
+    assert completion.json()["expected_tokens"] <= 8 and completion.json()["bin"] == "short"  # capped
+
+
+def test_bad_length_request_is_an_openai_error(stack):
+    r = _post(stack, "/v1/length", {"model": stack.model})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+
+
+def test_json_and_stream_responses_carry_the_prediction(stack):
+    r = _post(stack, "/v1/chat/completions", _chat(stack, "Name a fruit.", max_tokens=8))
+    assert r.status_code == 200
+    body = r.json()
+    prediction, routing = body["length_prediction"], body["routing"]
+    assert prediction["expected_tokens"] <= 8 and prediction["bin"] == "short"  # max_tokens caps it
+    assert r.headers["x-length-bin"] == "short" and r.headers["x-pool"] == routing["pool"] == "short"
+    assert int(r.headers["x-predicted-tokens"]) <= 8 and routing["policy"] == "estp"
+    assert body["usage"]["completion_tokens"] >= 1
+
+    with httpx.stream("POST", f"{stack.base_url}/v1/completions", timeout=300, json={
+        "model": stack.model, "prompt": "One, two, three,", "max_tokens": 6, "stream": True,
+    }) as s:
+        assert s.headers["x-pool"] == "short" and "x-predicted-tokens" in s.headers
+        events = [line for line in s.iter_lines() if line.startswith("data: ")]
+    chunks = [json.loads(e[6:]) for e in events if e != "data: [DONE]"]
+    assert events[-1] == "data: [DONE]"
+    # The router asks vLLM for usage to score the prediction; the client did not, so gets none.
+    assert chunks and all(c.get("usage") is None and c["choices"] for c in chunks)
+
+
+def test_short_and_long_predictions_land_in_different_pools(stack):
+    short = _predict(stack, SHORT)
+    longer = next((p for p in map(lambda c: (c, _predict(stack, c)), LONG_CANDIDATES)
+                   if POOLS.index(p[1]["bin"]) > POOLS.index(short["bin"])), None)
+    assert longer is not None, f"the checkpoint predicts every candidate at least as short as {SHORT!r}"
+    long_prompt, long_prediction = longer
+    # max_tokens above the long pool's edge leaves the pool choice as predicted.
+    for prompt, prediction in ((SHORT, short), (long_prompt, long_prediction)):
+        headers = _stream_headers(stack, _chat(stack, prompt, max_tokens=600))
+        assert headers["x-length-bin"] == prediction["bin"]
+        assert headers["x-pool"] == prediction["bin"], headers
+
+
+def _wait_idle(stack, timeout_s: float = 120) -> None:
+    """Streams hung up by earlier tests leave the router's in-flight counts shortly after."""
+    deadline = time.time() + timeout_s
+    while any(httpx.get(f"{stack.base_url}/health", timeout=30).json()["inflight"].values()):
+        assert time.time() < deadline, "requests still in flight"
+        time.sleep(1)
+
+
+def _input_length_pool(stack, prompt_tokens: int) -> str:
+    edges = yaml.safe_load(stack.config_path.read_text())["applications"][0]["args"]["router"]["input_edges"]
+    return PoolBins(tuple(POOLS), tuple(edges)).pool_of(prompt_tokens)
+
+
+def test_saturated_pool_spills_to_its_neighbour(stack):
+    capacity = 16  # max_ongoing_requests x 1 replica per pool in ray_config.yaml
+    # Identical requests share a pool; ignore_eos keeps each busy for 500 tokens, far longer than
+    # the test needs, and hanging up at the end cancels them.
+    holder = _chat(stack, "Count upwards from one.", max_tokens=500, ignore_eos=True, stream=True)
+    prediction = _predict(stack, "Count upwards from one.", max_tokens=500)
+    pool = prediction["bin"]
+    # 18 concurrent predictions on a busy CPU: some time out and the fallback decides instead.
+    assert _input_length_pool(stack, prediction["prompt_tokens"]) == pool, "choose a prompt both policies agree on"
+    i = POOLS.index(pool)
+    neighbour = POOLS[i + 1] if i + 1 < len(POOLS) else POOLS[i - 1]  # the longer one when both exist
+    _wait_idle(stack)
+
+    async def run():
+        limits = httpx.Limits(max_connections=capacity + 8)
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=300, limits=limits) as client:
+            async with AsyncExitStack() as held:
+                opened = await asyncio.gather(*(
+                    held.enter_async_context(client.stream("POST", "/v1/chat/completions", json=holder))
+                    for _ in range(capacity + 2)
+                ))
+                health = (await client.get("/health")).json()
+                return [r.headers for r in opened], health
+
+    headers, health = asyncio.run(run())
+    assert health["inflight"][pool] == capacity and health["inflight"][neighbour] == 2
+    assert sorted(h["x-pool"] for h in headers) == sorted([pool] * capacity + [neighbour] * 2)
+    for h in headers:
+        assert h.get("x-length-bin", pool) == pool  # no bin after a fallback
+        assert h.get("x-spilled-from") == (pool if h["x-pool"] == neighbour else None)
+
+
+def _predictor_replicas(stack) -> list[psutil.Process]:
+    tree = psutil.Process(stack.pid).children(recursive=True)
+    return [p for p in tree if "length-predictor" in " ".join(p.cmdline())]
+
+
+def test_dead_predictor_never_fails_a_request(stack):
+    [replica] = _predictor_replicas(stack)
+    replica.kill()
+    replica.wait(30)
+    r = _post(stack, "/v1/chat/completions", _chat(stack, "Name a colour.", max_tokens=4))
+    assert r.status_code == 200, r.text
+    assert r.headers["x-routing-fallback"] in ("error", "timeout")
+    assert r.headers["x-routing-policy"] == "input_length" and "x-predicted-tokens" not in r.headers
+    assert r.json()["length_prediction"] is None and r.json()["choices"][0]["message"]["content"]
+
+    deadline = time.time() + 300  # Serve restarts the replica: leave the stack as we found it
+    while _post(stack, "/v1/length", _chat(stack, "Name a colour.")).status_code != 200:
+        assert time.time() < deadline, "the predictor did not come back"
+        time.sleep(5)
