@@ -1,0 +1,143 @@
+"""Replay traces: which prompt arrives when, with the length its answer really has.
+
+Prompts come from a built ForeLen-style dataset's split (the test split for benchmarks), so every
+request carries the output length the serving model produced for it (`true_output_tokens`, capped
+at the trace's `max_tokens`). Arrival times come from a Poisson process, or from the real
+inter-arrival gaps of the Azure LLM inference trace (2023, conversation) or the Mooncake
+conversation trace, rescaled to the target mean rate: those traces carry no prompt text, only the
+burstiness of real traffic. Everything is seeded: the same arguments give the same trace, which is
+what lets several routing policies be compared on identical arrivals (and the simulator replay it).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel
+
+from benchmarks.forelen.build import DEFAULT_OUT
+from benchmarks.forelen.dataset import load_meta, load_samples
+from benchmarks.forelen.sources import DEFAULT_DATA_DIR
+
+ARRIVALS = ("poisson", "azure", "mooncake")
+AZURE_TRACE = "chat/azure_llm_trace_conv_2023.csv"
+MOONCAKE_TRACE = "chat/mooncake_conversation_trace.jsonl"
+
+
+class TraceRequest(BaseModel):
+    """One request of a trace; `body()` is what an OpenAI client sends for it."""
+
+    request_id: str
+    arrival_s: float  # seconds after the trace starts
+    prompt_id: str
+    scenario: str
+    kind: Literal["chat", "completions"] = "chat"
+    messages: list[dict] | None = None  # kind "chat"
+    prompt: str | None = None  # kind "completions"
+    max_tokens: int
+    temperature: float = 0.7
+    true_output_tokens: int  # what the serving model produced for this prompt in the dataset
+    prompt_tokens: int  # with the chat template, as the engine sees it
+
+    def body(self, model: str) -> dict:
+        fields = {"messages": self.messages} if self.kind == "chat" else {"prompt": self.prompt}
+        return {"model": model, "max_tokens": self.max_tokens, "temperature": self.temperature, **fields}
+
+
+def trace_gaps(name: str, data_dir: Path = DEFAULT_DATA_DIR) -> list[float]:
+    """Inter-arrival gaps in seconds of a real trace, in its order."""
+    if name == "azure":
+        with open(Path(data_dir) / AZURE_TRACE, encoding="utf-8") as fh:
+            times = [datetime.fromisoformat(r["TIMESTAMP"][:26]).timestamp() for r in csv.DictReader(fh)]
+    elif name == "mooncake":
+        with open(Path(data_dir) / MOONCAKE_TRACE, encoding="utf-8") as fh:
+            times = [json.loads(line)["timestamp"] / 1000 for line in fh if line.strip()]
+    else:
+        raise ValueError(f"unknown trace {name!r}; expected azure or mooncake")
+    times.sort()
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def arrival_times(n: int, arrival: str, rate: float, rng: random.Random, data_dir: Path = DEFAULT_DATA_DIR) -> list[float]:
+    """n arrival times starting at 0 with mean rate `rate` requests/s.
+
+    Real traces: a window of n - 1 consecutive gaps from a seeded start, scaled so its mean gap is
+    1 / rate; the window keeps the trace's bursts and lulls, only faster or slower.
+    """
+    if n <= 0:
+        return []
+    if rate <= 0:
+        raise ValueError("rate must be > 0 requests/s")
+    if arrival == "poisson":
+        gaps = [rng.expovariate(rate) for _ in range(n - 1)]
+    elif arrival in ("azure", "mooncake"):
+        real = trace_gaps(arrival, data_dir)
+        if len(real) < n - 1:
+            raise ValueError(f"the {arrival} trace has only {len(real) + 1} requests; asked for {n}")
+        start = rng.randrange(len(real) - (n - 1) + 1)
+        gaps = real[start:start + n - 1]
+        mean = sum(gaps) / len(gaps) if gaps else 0.0
+        # A window of simultaneous arrivals (Mooncake logs at 1 ms, often equal) has no time scale.
+        gaps = [g / mean / rate for g in gaps] if mean > 0 else [1 / rate] * len(gaps)
+    else:
+        raise ValueError(f"unknown arrival process {arrival!r}; expected one of {ARRIVALS}")
+    times, t = [0.0], 0.0
+    for g in gaps:
+        t += g
+        times.append(t)
+    return times
+
+
+def build_trace(
+    dataset_dir: Path = DEFAULT_OUT,
+    split: str = "test",
+    n: int = 50,
+    arrival: str = "poisson",
+    rate: float = 1.0,
+    seed: int = 0,
+    max_tokens: int | None = None,
+    scenarios: list[str] | None = None,
+    data_dir: Path = DEFAULT_DATA_DIR,
+) -> list[TraceRequest]:
+    """n requests drawn from the split (without replacement while it lasts), seeded.
+
+    `max_tokens` caps every answer (default: the dataset's generation cap); `true_output_tokens`
+    is the dataset's length under the same cap. Sampling at the dataset's temperature gives
+    lengths from the same distribution, not the same numbers: the dataset has one draw per sample.
+    """
+    settings = load_meta(dataset_dir)["settings"]
+    cap = max_tokens or settings["max_tokens"]
+    rows = [r for r in load_samples(dataset_dir, split=split) if scenarios is None or r["scenario"] in scenarios]
+    if not rows:
+        raise ValueError(f"no {split!r} samples in {dataset_dir} for scenarios {scenarios}")
+    rows.sort(key=lambda r: (r["prompt_id"], r["sample_idx"]))  # file order depends on build timing
+    rng = random.Random(seed)
+    picked: list[dict] = []
+    while len(picked) < n:
+        batch = rows[:]
+        rng.shuffle(batch)
+        picked.extend(batch[: n - len(picked)])
+    times = arrival_times(n, arrival, rate, rng, data_dir)
+    return [
+        TraceRequest(
+            request_id=f"r{i:05d}", arrival_s=t, prompt_id=r["prompt_id"], scenario=r["scenario"], kind="chat",
+            messages=[{"role": "user", "content": r["prompt"]}], max_tokens=cap,
+            temperature=settings["temperature"], true_output_tokens=min(r["output_tokens"], cap),
+            prompt_tokens=r["prompt_tokens"],
+        )
+        for i, (r, t) in enumerate(zip(picked, times))
+    ]
+
+
+def write_trace(path: Path, trace: list[TraceRequest]) -> None:
+    Path(path).write_text("".join(r.model_dump_json() + "\n" for r in trace), encoding="utf-8")
+
+
+def read_trace(path: Path) -> list[TraceRequest]:
+    with open(path, encoding="utf-8") as fh:
+        return [TraceRequest.model_validate_json(line) for line in fh if line.strip()]
