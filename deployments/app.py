@@ -28,14 +28,14 @@ def _checkpoint_meta(path: Path, model_path: str) -> CheckpointMeta:
     return meta
 
 
-def _build_predictor(spec: PredictorSpec, checkpoint: Path, model_path: str, bins: PoolBins):
+def _build_predictor(spec: PredictorSpec, checkpoints: dict[str, Path], model_path: str, bins: PoolBins):
     options = {**spec.deployment, "name": "length-predictor"}
     # Below the batch size, Serve would never let a batch fill (its default is 5 per replica).
     options.setdefault("max_ongoing_requests", 4 * spec.max_batch_size)
     if spec.gpus:
         options["ray_actor_options"] = {**options.get("ray_actor_options", {}), "num_gpus": spec.gpus}
     return LengthPredictor.options(**options).bind(
-        model_path=model_path, checkpoint=str(checkpoint), pools=asdict(bins),
+        model_path=model_path, checkpoints={name: str(path) for name, path in checkpoints.items()}, pools=asdict(bins),
         device="cuda" if spec.gpus else "cpu", max_batch_size=spec.max_batch_size,
         batch_wait_timeout_s=spec.batch_wait_timeout_s, max_batch_tokens=spec.max_batch_tokens,
     )
@@ -45,13 +45,14 @@ def build_app(args: dict) -> Application:
     config = StackConfig.model_validate(args or {})
     model_path = resolve_model_source(config.model.source)
     names = [pool.name for pool in config.pools]
-    predictor, predictor_name, edges = None, None, config.router.output_edges
+    predictor, predictor_name, heads, edges = None, None, [], config.router.output_edges
     if config.predictor is not None:
-        checkpoint = config.predictor.checkpoint_path(config.router.policy)
-        meta = _checkpoint_meta(checkpoint, model_path)
+        checkpoints = config.predictor.heads(config.router.policy, every_predicted=config.router.benchmark_headers)
+        # The first head names the predictor and, by default, sets the pools' output edges.
+        meta, *_ = [_checkpoint_meta(path, model_path) for path in checkpoints.values()]
         bins = PoolBins(tuple(names), tuple(edges)) if edges is not None else PoolBins.from_quantiles(names, meta.bins)
-        predictor = _build_predictor(config.predictor, checkpoint, model_path, bins)
-        predictor_name = meta.pooling.method
+        predictor = _build_predictor(config.predictor, checkpoints, model_path, bins)
+        predictor_name, heads = meta.pooling.method, list(checkpoints)
     else:
         bins = PoolBins(tuple(names), tuple(edges or ()))
     pools = {pool.name: build_pool(config.model, pool, config.router.shortest_first) for pool in config.pools}
@@ -59,6 +60,7 @@ def build_app(args: dict) -> Application:
         "model_path": model_path,
         "output_bins": asdict(bins),
         "predictor_name": predictor_name,
+        "predictor_heads": heads,  # the router's default first
         "capacities": {pool.name: pool.saturation() for pool in config.pools},
         "replicas": {pool.name: pool.replicas() for pool in config.pools},
     }

@@ -55,6 +55,12 @@ class PoolSpec(_Strict):
         None, gt=0, description="in-flight requests at which the pool counts as saturated and new ones "
         "spill to a neighbour; default max_ongoing_requests x (max) replicas, unlimited without them",
     )
+    node_group: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_-]+$",
+        description="pin the pool's replicas and their engines to the nodes of one group: the name of a "
+        "custom Ray resource those nodes advertise (`ray start --resources '{\"pool_short\": 1}'`); "
+        "null: anywhere",
+    )
 
     def replicas(self) -> int:
         """The most replicas the pool can have: what its capacity and ray_default's weight count."""
@@ -94,6 +100,18 @@ class PredictorSpec(_Strict):
             return REPO_ROOT / self.checkpoint
         return DEFAULT_CHECKPOINTS / (policy if policy in PREDICTED else "estp") / "head"
 
+    def heads(self, policy: str, every_predicted: bool) -> dict[str, Path]:
+        """Head checkpoints by the policy that reads them; the configured policy's comes first.
+
+        `every_predicted` (benchmark headers on) adds the default head of every other predicted
+        policy, so ESTP and EGTP can be compared in one run from one shared prefill.
+        """
+        first = policy if policy in PREDICTED else "estp"
+        heads = {first: self.checkpoint_path(policy)}
+        for other in sorted(PREDICTED - {first}) if every_predicted else ():
+            heads[other] = DEFAULT_CHECKPOINTS / other / "head"
+        return heads
+
 
 class RouterSpec(_Strict):
     policy: Literal[tuple(POLICIES)] = Field("estp", description="how a pool is chosen")
@@ -111,8 +129,9 @@ class RouterSpec(_Strict):
         True, description="vLLM priority scheduling inside each pool, priority = predicted tokens",
     )
     spillover: bool = Field(True, description="send to a neighbour pool when the chosen one is saturated")
-    oracle_header: bool = Field(
-        False, description="trust X-True-Output-Tokens (benchmarks only); needed by the oracle policy",
+    benchmark_headers: bool = Field(
+        False, description="benchmarks only: honour X-Routing-Policy (any policy, per request) and trust "
+        "X-True-Output-Tokens (the oracle's input); when false, requests carrying either get 400",
     )
     max_body_bytes: int = Field(1_000_000, gt=0, description="larger bodies get 413")
     request_timeout_s: float = Field(600.0, gt=0)
@@ -139,8 +158,8 @@ class StackConfig(_Strict):
         router, edges_needed = self.router, len(self.pools) - 1
         if router.policy in PREDICTED and self.predictor is None:
             raise ValueError(f"policy {router.policy!r} needs the predictor; it is disabled (predictor: null)")
-        if router.policy == "oracle" and not router.oracle_header:
-            raise ValueError("policy 'oracle' reads X-True-Output-Tokens: set router.oracle_header: true")
+        if router.policy == "oracle" and not router.benchmark_headers:
+            raise ValueError("policy 'oracle' reads X-True-Output-Tokens: set router.benchmark_headers: true")
         for field in ("output_edges", "input_edges"):
             edges = getattr(router, field)
             if edges is not None and len(edges) != edges_needed:

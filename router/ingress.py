@@ -25,13 +25,12 @@ from router.policies import POLICIES, Job, NoDecision, PolicyContext, RoundRobin
 from router.pool_load import PoolLoad
 from router.predictor_client import Outcome, PredictorClient
 from router.prompt_ids import UnsupportedPrompt, prompt_ids
-from router.routing import Route
+from router.routing import BenchmarkOverrides, Route, benchmark_overrides
 from router.telemetry import RoutingMetrics
 from router.validation import parse_request, read_body, request_kind
 
 log = logging.getLogger("ray.serve")
 api = FastAPI(title="lengthserve", description="Length-aware OpenAI-compatible LLM serving")
-ORACLE_HEADER = "x-true-output-tokens"
 
 
 @api.exception_handler(APIError)
@@ -79,12 +78,15 @@ class Router:
             replicas=routing["replicas"], load=self._load,
         )
         self._policy_name, self._fallback_name = self._limits["policy"], self._limits["fallback_policy"]
-        self._policy = POLICIES[self._policy_name](ctx)
+        # Benchmark headers let any request pick any policy: all are built once, each with its own state.
+        self._benchmark = self._limits["benchmark_headers"]
+        self._policies = {name: POLICIES[name](ctx) for name in (POLICIES if self._benchmark else [self._policy_name])}
         self._fallback = POLICIES[self._fallback_name](ctx)
         self._last_resort = RoundRobin(ctx)  # input_length cannot decide without a tokenized prompt
         spec = config["predictor"] or {}
         self._predictor = PredictorClient(
-            predictor, routing["predictor_name"], spec.get("timeout_s", 0), spec.get("max_prompt_tokens", 0)
+            predictor, routing["predictor_name"], spec.get("timeout_s", 0), spec.get("max_prompt_tokens", 0),
+            routing["predictor_heads"],
         )
         self._metrics = RoutingMetrics(self._policy_name)
         self._created = int(time.time())
@@ -122,28 +124,39 @@ class Router:
         raw = await read_body(request, self._limits["max_body_bytes"])
         kind = request_kind(raw)
         body = parse_request(raw, kind, self._model["id"], self._model["max_model_len"])
-        ids, outcome = await self._predict(body, kind)
+        bench = self._overrides(request)
+        policy = bench.policy or self._policy_name
+        ids, outcome = await self._predict(body, kind, policy)
         if outcome.prediction is None:
             raise APIError(503, f"No length prediction ({outcome.failure}): {outcome.detail}", code=outcome.failure)
-        return {
+        answer = {
             "object": "length_prediction", "model": self._model["id"], "predictor": self._predictor.name,
             "prompt_tokens": max(len(i) for i in ids), **outcome.prediction,
         }
+        if bench.policy is not None:  # a benchmark planning its groups: the pool this policy picks now
+            job = self._job(ids, outcome, bench)
+            answer["routing"] = dict(zip(("pool", "policy", "fallback"), self._choose(job, outcome, policy)))
+        return answer
 
-    async def _predict(self, body, kind: str) -> tuple[list[list[int]] | None, Outcome]:
+    def _overrides(self, request: Request) -> BenchmarkOverrides:
+        return benchmark_overrides(request.headers, self._benchmark, self._policies, self._pools)
+
+    async def _predict(self, body, kind: str, policy: str) -> tuple[list[list[int]] | None, Outcome]:
         try:
             ids = prompt_ids(self._tokenizer, body, kind)
         except UnsupportedPrompt as e:
             return None, Outcome(None, "unsupported_prompt", str(e))
-        outcome = await self._predictor.predict(ids, _max_tokens(body))
+        # A predicted policy reads its own head (ESTP or EGTP); the others, the default head.
+        head = policy if policy in self._predictor.heads else None
+        outcome = await self._predictor.predict(ids, _max_tokens(body), head)
         if outcome.prediction is not None:
             self._metrics.predictor_latency(self._predictor.name, outcome.latency_s)
         return ids, outcome
 
-    def _choose(self, job: Job, outcome: Outcome) -> tuple[str, str, str | None]:
+    def _choose(self, job: Job, outcome: Outcome, policy: str) -> tuple[str, str, str | None]:
         """(pool, deciding policy, fallback reason)."""
         try:
-            return self._policy.choose(job), self._policy_name, None
+            return self._policies[policy].choose(job), policy, None
         except NoDecision as e:
             reason = str(e)
             self._metrics.fallback(reason, outcome.detail or reason)
@@ -164,19 +177,24 @@ class Router:
             tokens = self._bins.edges[i] if i < len(self._bins.edges) else self._model["max_model_len"]
         return round(min(tokens, cap) if cap else tokens)
 
-    def _true_tokens(self, request: Request) -> int | None:
-        value = request.headers.get(ORACLE_HEADER, "") if self._limits["oracle_header"] else ""
-        return int(value) if value.isdigit() else None
+    @staticmethod
+    def _job(ids: list[list[int]] | None, outcome: Outcome, bench: BenchmarkOverrides) -> Job:
+        return Job(
+            prompt_tokens=None if ids is None else max(len(i) for i in ids),
+            prediction=outcome.prediction, prediction_failure=outcome.failure, true_tokens=bench.true_tokens,
+        )
 
     async def _route(self, request: Request, body, kind: str) -> tuple[Route, list[list[int]] | None]:
         start = time.perf_counter()
-        ids, outcome = await self._predict(body, kind)
-        job = Job(
-            prompt_tokens=None if ids is None else max(len(i) for i in ids),
-            prediction=outcome.prediction, prediction_failure=outcome.failure, true_tokens=self._true_tokens(request),
-        )
-        chosen, policy, fallback = self._choose(job, outcome)
-        pool = self._load.spill(chosen) if self._limits["spillover"] else chosen
+        bench = self._overrides(request)
+        ids, outcome = await self._predict(body, kind, bench.policy or self._policy_name)
+        job = self._job(ids, outcome, bench)
+        if bench.pool is not None:  # planned by the benchmark (batch mode): no decision, no spillover
+            chosen, policy, fallback = bench.pool, bench.policy or self._policy_name, None
+            pool = chosen
+        else:
+            chosen, policy, fallback = self._choose(job, outcome, bench.policy or self._policy_name)
+            pool = self._load.spill(chosen) if self._limits["spillover"] else chosen
         route = Route(
             pool=pool, policy=policy, prompt_tokens=job.prompt_tokens, prediction=job.prediction,
             priority=self._priority(job, chosen, policy, _max_tokens(body)),

@@ -37,3 +37,40 @@ class Route:
         routing = {"pool": self.pool, "policy": self.policy, "spilled_from": self.spilled_from,
                    "fallback": self.fallback, "priority": self.priority, "routing_ms": round(self.routing_ms, 1)}
         return {"length_prediction": prediction, "routing": routing}
+
+
+POLICY_HEADER = "x-routing-policy"
+ORACLE_HEADER = "x-true-output-tokens"
+POOL_HEADER = "x-target-pool"
+
+
+@dataclass(frozen=True)
+class BenchmarkOverrides:
+    """What a benchmark asked of one request (router.benchmark_headers: true only)."""
+
+    policy: str | None = None  # X-Routing-Policy: decide by this policy instead of the configured one
+    true_tokens: int | None = None  # X-True-Output-Tokens: the real output length, for the oracle
+    pool: str | None = None  # X-Target-Pool: a pool planned beforehand (batch-synchronous replays)
+
+
+def benchmark_overrides(headers, enabled: bool, policies, pools) -> BenchmarkOverrides:
+    """Reads the benchmark headers; raises APIError 400 on a bad value, or on any of them when off.
+
+    Refusing them when off (rather than ignoring them) keeps a benchmark pointed at a production
+    router from silently measuring the configured policy under another policy's name.
+    """
+    from router.errors import APIError
+
+    policy, true_tokens, pool = (headers.get(h) for h in (POLICY_HEADER, ORACLE_HEADER, POOL_HEADER))
+    given = [h for h, v in ((POLICY_HEADER, policy), (ORACLE_HEADER, true_tokens), (POOL_HEADER, pool)) if v is not None]
+    if not enabled:
+        if given:
+            raise APIError(400, f"{', '.join(given)}: benchmark headers are off (router.benchmark_headers: false).")
+        return BenchmarkOverrides()
+    if policy is not None and policy not in policies:
+        raise APIError(400, f"Unknown routing policy {policy!r} in {POLICY_HEADER}; one of {sorted(policies)}.")
+    if true_tokens is not None and not true_tokens.isdigit():
+        raise APIError(400, f"{ORACLE_HEADER} must be a non-negative integer, got {true_tokens!r}.")
+    if pool is not None and pool not in pools:
+        raise APIError(400, f"Unknown pool {pool!r} in {POOL_HEADER}; one of {list(pools)}.")
+    return BenchmarkOverrides(policy, None if true_tokens is None else int(true_tokens), pool)

@@ -135,3 +135,32 @@ def test_describe_caps_expectation_and_quantiles_and_names_the_pool():
     assert capped["quantiles"] == {"p10": 64.0, "p50": 64.0, "p90": 64.0}
     # A cap inside the distribution: E[min(U(200, 400), 300)] = 275 for half the mass, 300 for the rest.
     assert BINS.describe(prediction, head, cap=300)["expected_tokens"] == pytest.approx(0.5 * 275 + 150, abs=0.1)
+
+
+def _headers(**values) -> dict:
+    return {f"x-{k.replace('_', '-')}": v for k, v in values.items()}
+
+
+def test_benchmark_headers_pick_policy_oracle_length_and_pool():
+    from router.routing import benchmark_overrides
+
+    got = benchmark_overrides(_headers(routing_policy="egtp", true_output_tokens="42", target_pool="long"),
+                              True, POLICIES, POOLS)
+    assert (got.policy, got.true_tokens, got.pool) == ("egtp", 42, "long")
+    assert benchmark_overrides({}, True, POLICIES, POOLS) == benchmark_overrides({}, False, POLICIES, POOLS)
+
+
+@pytest.mark.parametrize("enabled,headers,fragment", [
+    (True, {"routing_policy": "fastest"}, "Unknown routing policy"),
+    (True, {"true_output_tokens": "-3"}, "non-negative integer"),
+    (True, {"target_pool": "huge"}, "Unknown pool"),
+    (False, {"routing_policy": "oracle"}, "benchmark headers are off"),
+    (False, {"true_output_tokens": "7"}, "benchmark headers are off"),
+])
+def test_bad_or_unexpected_benchmark_headers_are_400(enabled, headers, fragment):
+    from router.errors import APIError
+    from router.routing import benchmark_overrides
+
+    with pytest.raises(APIError, match=fragment) as err:
+        benchmark_overrides(_headers(**headers), enabled, POLICIES, POOLS)
+    assert err.value.status == 400

@@ -24,7 +24,10 @@ def test_default_config_is_three_length_pools_routed_by_estp():
     assert config.predictor.checkpoint_path("estp") == DEFAULT_CHECKPOINTS / "estp" / "head"
     assert config.predictor.checkpoint_path("egtp") == DEFAULT_CHECKPOINTS / "egtp" / "head"
     assert config.predictor.checkpoint_path("round_robin") == DEFAULT_CHECKPOINTS / "estp" / "head"
-    assert not config.router.oracle_header
+    assert not config.router.benchmark_headers
+    assert config.predictor.heads("estp", every_predicted=False) == {"estp": DEFAULT_CHECKPOINTS / "estp" / "head"}
+    assert list(config.predictor.heads("round_robin", every_predicted=True)) == ["estp", "egtp"]
+    assert list(config.predictor.heads("egtp", every_predicted=True)) == ["egtp", "estp"]
 
 
 def test_default_checkpoints_exist_for_both_predicted_policies():
@@ -44,7 +47,7 @@ def test_capacity_from_ongoing_requests_and_replicas():
 @pytest.mark.parametrize(
     "router,predictor,fragment",
     [
-        ({"policy": "oracle", "input_edges": [1, 2]}, {}, "oracle_header"),
+        ({"policy": "oracle", "input_edges": [1, 2]}, {}, "benchmark_headers"),
         ({"policy": "estp", "input_edges": [1, 2]}, None, "needs the predictor"),
         ({"input_edges": [1]}, {}, "needs 2 edges"),
         ({"output_edges": [1, 2, 3], "input_edges": [1, 2]}, {}, "needs 2 edges"),
