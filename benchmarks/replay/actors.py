@@ -1,0 +1,247 @@
+"""Replay a trace against the HTTP endpoint from Ray actors spread over the cluster.
+
+Load comes from several client processes on several nodes, as real traffic does, so one client's
+event loop or one node's network never becomes the bottleneck being measured. Each actor talks to
+the router with the official `openai` client (async, streaming), exactly as users do, and turns
+every request into one `RequestRecord`, failed or not.
+
+Two modes:
+- open loop: each request is sent at its trace arrival time, whether or not earlier ones finished
+  (requests are sharded over the actors round-robin; every actor waits for the same start time);
+- batch-synchronous (RL rollouts): every request is there at t = 0; the policy under test plans a
+  pool for each one (`POST /v1/length` with `X-Routing-Policy`), each pool's requests are cut into
+  groups of `batch_size` in trace order, a group is sent together (pinned with `X-Target-Pool`)
+  and the pool's next group only after the whole group finished. Pools run side by side.
+
+Both modes need the router's benchmark headers (`router.benchmark_headers: true`) whenever a
+policy is named; open loop without a policy replays against whatever the router is configured for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import httpx
+import ray
+
+from benchmarks.replay.records import RequestRecord
+from benchmarks.replay.trace import TraceRequest
+
+log = logging.getLogger(__name__)
+START_LEAD_S = 2.0  # actors on other nodes get the trace before its first arrival
+PLAN_CONCURRENCY = 8  # one predictor batch (predictor.max_batch_size)
+
+
+class LostRequests(RuntimeError):
+    """Some requests of the trace have no record: a crashed actor, never a slow request."""
+
+
+@dataclass(frozen=True)
+class Accounting:
+    sent: int
+    completed: int
+    failed: int
+    lost: int
+
+    def __str__(self) -> str:
+        return f"sent {self.sent} = completed {self.completed} + failed {self.failed}; lost {self.lost}"
+
+
+def account(trace: list[TraceRequest], records: list[RequestRecord]) -> Accounting:
+    """Every request of the trace has exactly one record; a missing one counts as lost."""
+    recorded = {r.request_id for r in records}
+    if len(recorded) != len(records):
+        raise ValueError("a request was recorded twice")
+    completed = sum(r.status == "ok" for r in records)
+    return Accounting(
+        sent=len(trace), completed=completed, failed=len(records) - completed,
+        lost=len({t.request_id for t in trace} - recorded),
+    )
+
+
+def benchmark_headers(request: TraceRequest, policy: str | None, pool: str | None = None) -> dict[str, str]:
+    """What the router's benchmark option reads; nothing at all without a policy."""
+    if policy is None:
+        return {}
+    headers = {"X-Routing-Policy": policy, "X-True-Output-Tokens": str(request.true_output_tokens)}
+    return headers | ({"X-Target-Pool": pool} if pool is not None else {})
+
+
+@ray.remote(num_cpus=0)  # clients wait on sockets; the CPUs Ray counts belong to the engines
+class ReplayActor:
+    def __init__(self, base_url: str, model: str, request_timeout_s: float):
+        from openai import AsyncOpenAI
+
+        self._model = model
+        self._timeout_s = request_timeout_s
+        self._client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0,
+                                   timeout=request_timeout_s)
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    async def open_loop(self, requests: list[dict], t0: float, deadline: float, policy: str | None,
+                        label: str, load_rps: float | None) -> list[dict]:
+        """Send each request at t0 + its arrival; t0 and deadline are wall-clock (time.time())."""
+        async def one(req: TraceRequest) -> RequestRecord:
+            await asyncio.sleep(max(0.0, t0 + req.arrival_s - time.time()))
+            return await self._send(req, t0, deadline, benchmark_headers(req, policy),
+                                    dict(policy=label, mode="open", load_rps=load_rps, arrival_s=req.arrival_s))
+
+        reqs = [TraceRequest.model_validate(r) for r in requests]
+        return [r.model_dump() for r in await asyncio.gather(*map(one, reqs))]
+
+    async def group(self, requests: list[dict], pool: str, group: int, t0: float, deadline: float,
+                    policy: str) -> list[dict]:
+        """One batch-mode group: all sent at once; returns when the last one finished."""
+        reqs = [TraceRequest.model_validate(r) for r in requests]
+        fields = dict(policy=policy, mode="batch", arrival_s=0.0, group=group)
+        done = await asyncio.gather(*(
+            self._send(req, t0, deadline, benchmark_headers(req, policy, pool), fields) for req in reqs
+        ))
+        return [r.model_dump() for r in done]
+
+    async def _send(self, req: TraceRequest, t0: float, deadline: float, headers: dict, fields: dict) -> RequestRecord:
+        sent = time.time()
+        record = dict(request_id=req.request_id, scenario=req.scenario, prompt_tokens=req.prompt_tokens,
+                      true_output_tokens=req.true_output_tokens, sent_s=sent - t0, **fields)
+        extra = {"stream": True, "stream_options": {"include_usage": True}, "extra_headers": headers}
+        body = req.body(self._model)
+        api = self._client.chat.completions if req.kind == "chat" else self._client.completions
+        first = usage = None
+        try:
+            async with asyncio.timeout(max(0.0, min(self._timeout_s, deadline - sent))):
+                async with await api.create(**body, **extra) as stream:
+                    h = stream.response.headers
+                    predicted = h.get("x-predicted-tokens")
+                    record |= dict(pool=h.get("x-pool"), routed_policy=h.get("x-routing-policy"),
+                                   predicted_tokens=None if predicted is None else int(predicted))
+                    async for chunk in stream:
+                        if first is None and chunk.choices:
+                            first = time.time()
+                        usage = chunk.usage or usage
+        except (TimeoutError, Exception) as e:  # every request ends as a record, never as a raise
+            error = "timeout" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"[:500]
+            return RequestRecord(**record, status="failed", error=error,
+                                 first_token_s=None if first is None else first - t0)
+        if usage is None:
+            return RequestRecord(**record, status="failed", error="stream ended without usage")
+        return RequestRecord(**record, status="ok", first_token_s=(first or time.time()) - t0,
+                             finish_s=time.time() - t0, completion_tokens=usage.completion_tokens)
+
+
+def connect(address: str | None = None) -> None:
+    """Join the running cluster (the one `serve run` started), never start a new one."""
+    if not ray.is_initialized():
+        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=False)
+
+
+def served_model(base_url: str) -> str:
+    return httpx.get(f"{base_url}/v1/models", timeout=30).json()["data"][0]["id"]
+
+
+def spawn_actors(base_url: str, num_actors: int, request_timeout_s: float = 600, model: str | None = None) -> list:
+    """num_actors replay actors, spread over the cluster's nodes (Ray's SPREAD strategy)."""
+    connect()
+    model = model or served_model(base_url)
+    actors = [ReplayActor.options(scheduling_strategy="SPREAD").remote(base_url, model, request_timeout_s)
+              for _ in range(num_actors)]
+    ray.get([a.node_id.remote() for a in actors])  # started, or fail here rather than mid-replay
+    return actors
+
+
+async def plan_pools(base_url: str, trace: list[TraceRequest], policy: str, model: str) -> dict[str, str]:
+    """request_id -> the pool the policy picks (the router's own decision, through /v1/length)."""
+    slots = asyncio.Semaphore(PLAN_CONCURRENCY)
+    async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
+        async def one(req: TraceRequest) -> str:
+            async with slots:
+                r = await client.post("/v1/length", json=req.body(model), headers=benchmark_headers(req, policy))
+            r.raise_for_status()
+            return r.json()["routing"]["pool"]
+
+        pools = await asyncio.gather(*map(one, trace))
+    return {req.request_id: pool for req, pool in zip(trace, pools)}
+
+
+def batch_groups(trace: list[TraceRequest], pools: dict[str, str], batch_size: int) -> dict[str, list[list[TraceRequest]]]:
+    """Each pool's requests in trace order, cut into groups of batch_size."""
+    by_pool: dict[str, list[TraceRequest]] = defaultdict(list)
+    for req in trace:
+        by_pool[pools[req.request_id]].append(req)
+    return {pool: [reqs[i:i + batch_size] for i in range(0, len(reqs), batch_size)] for pool, reqs in by_pool.items()}
+
+
+async def _run_batches(actors: list, groups: dict[str, list[list[TraceRequest]]], policy: str,
+                       t0: float, deadline: float) -> list[dict]:
+    numbered = iter(range(1 << 30))
+
+    async def pool_lane(pool: str, lane: list[list[TraceRequest]]) -> list[dict]:
+        out = []
+        for reqs in lane:
+            g = next(numbered)
+            actor = actors[g % len(actors)]
+            out += await actor.group.remote([r.model_dump() for r in reqs], pool, g, t0, deadline, policy)
+        return out
+
+    lanes = await asyncio.gather(*(pool_lane(p, lane) for p, lane in groups.items()), return_exceptions=True)
+    for lane in lanes:
+        if isinstance(lane, BaseException):
+            log.error("a batch lane failed: %r", lane)
+    return [r for lane in lanes if not isinstance(lane, BaseException) for r in lane]
+
+
+def replay(
+    base_url: str,
+    trace: list[TraceRequest],
+    num_actors: int = 2,
+    policy: str | None = None,
+    mode: str = "open",
+    load_rps: float | None = None,
+    batch_size: int = 8,
+    timeout_s: float = 600,
+    actors: list | None = None,
+) -> list[RequestRecord]:
+    """Replay `trace` against the router at `base_url` and return one record per request.
+
+    Joins the running Ray cluster (RAY_ADDRESS, else the local one `serve run` started) and uses
+    `actors` from `spawn_actors`, or spawns `num_actors` of them. `policy` (needs the router's
+    benchmark headers) picks the routing policy per request; None leaves the router's own.
+    `timeout_s` bounds the whole replay: requests still running then end as failed records.
+    `load_rps` only labels open-loop records (the trace's arrivals already carry the rate).
+    Checks sent = completed + failed and raises LostRequests if any request has no record.
+    """
+    if mode not in ("open", "batch"):
+        raise ValueError(f"mode must be 'open' or 'batch', got {mode!r}")
+    if mode == "batch" and policy is None:
+        raise ValueError("batch mode plans pools with X-Routing-Policy: name a policy")
+    model = served_model(base_url)
+    actors = actors or spawn_actors(base_url, num_actors, timeout_s, model)
+    t0 = time.time() + START_LEAD_S
+    deadline = t0 + timeout_s
+    label = policy or httpx.get(f"{base_url}/health", timeout=30).json()["policy"]
+    if mode == "open":
+        shards = [trace[i::len(actors)] for i in range(len(actors))]
+        futures = [a.open_loop.remote([r.model_dump() for r in shard], t0, deadline, policy, label, load_rps)
+                   for a, shard in zip(actors, shards) if shard]
+        raw = []
+        for ref in futures:
+            try:
+                raw += ray.get(ref)
+            except ray.exceptions.RayError as e:
+                log.error("a replay actor failed: %s", e)
+    else:
+        groups = batch_groups(trace, asyncio.run(plan_pools(base_url, trace, policy, model)), batch_size)
+        t0 = time.time()
+        raw = asyncio.run(_run_batches(actors, groups, policy, t0, t0 + timeout_s))
+    records = [RequestRecord.model_validate(r) for r in raw]
+    tally = account(trace, records)
+    log.info("replay %s/%s: %s", label, mode, tally)
+    if tally.lost:
+        raise LostRequests(str(tally))
+    return records
