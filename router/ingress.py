@@ -95,7 +95,7 @@ class Router:
     async def health(self) -> dict:
         return {
             "status": "ok", "model": self._model["id"], "pools": list(self._pools),
-            "policy": self._policy_name, "predictor": self._predictor.name,
+            "policy": self._policy_name, "predictor": self._predictor.name, "output_edges": list(self._bins.edges),
             "inflight": {pool: self._load.inflight(pool) for pool in self._pools},  # this router replica's
         }
 

@@ -7,10 +7,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
-    """The default application from ray_config.yaml, served over real HTTP."""
+    """The default application from ray_config.yaml, served over real HTTP.
+
+    Benchmark headers are on, so the routing and replay tests can ask for any policy per
+    request; requests without them take exactly the default path (policy estp).
+    """
     from tests.stack import RunningStack
 
-    running = RunningStack(tmp_path_factory.mktemp("stack")).start()
+    running = RunningStack(tmp_path_factory.mktemp("stack"), {"router": {"benchmark_headers": True}}).start()
     yield running
     running.stop()
 

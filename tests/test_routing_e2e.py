@@ -154,6 +154,25 @@ def test_saturated_pool_spills_to_its_neighbour(stack):
         assert h.get("x-spilled-from") == (pool if h["x-pool"] == neighbour else None)
 
 
+def test_benchmark_headers_choose_policy_and_head_per_request(stack, client):
+    import openai
+
+    estp = _predict(stack, SHORT, max_tokens=600)
+    r = _post(stack, "/v1/length", _chat(stack, SHORT, max_tokens=600), headers={"X-Routing-Policy": "egtp"})
+    assert r.status_code == 200 and r.json()["routing"]["policy"] == "egtp"
+    assert r.json()["expected_tokens"] != estp["expected_tokens"]  # the EGTP head, from the same prefill
+    assert "routing" not in estp  # no header: the default answer, unchanged
+
+    oracle = _post(stack, "/v1/chat/completions", _chat(stack, SHORT, max_tokens=4),
+                   headers={"X-Routing-Policy": "oracle", "X-True-Output-Tokens": "1000"})
+    assert oracle.headers["x-routing-policy"] == "oracle" and oracle.headers["x-pool"] == POOLS[-1]
+    turns = [_post(stack, "/v1/chat/completions", _chat(stack, SHORT, max_tokens=2),
+                   headers={"X-Routing-Policy": "round_robin"}).headers["x-pool"] for _ in POOLS]
+    assert sorted(turns) == sorted(POOLS)
+    with pytest.raises(openai.BadRequestError, match="Unknown routing policy"):
+        client.chat.completions.create(**_chat(stack, SHORT, max_tokens=2), extra_headers={"X-Routing-Policy": "fast"})
+
+
 def _predictor_replicas(stack) -> list[psutil.Process]:
     tree = psutil.Process(stack.pid).children(recursive=True)
     return [p for p in tree if "length-predictor" in " ".join(p.cmdline())]
@@ -173,3 +192,4 @@ def test_dead_predictor_never_fails_a_request(stack):
     while _post(stack, "/v1/length", _chat(stack, "Name a colour.")).status_code != 200:
         assert time.time() < deadline, "the predictor did not come back"
         time.sleep(5)
+

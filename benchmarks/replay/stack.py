@@ -1,0 +1,109 @@
+"""Start the real application from ray_config.yaml, for the tests and for benchmarks.
+
+The YAML is copied with only the HTTP port changed (so a developer's own server on 8000 is left
+alone) and started with `serve run`, exactly as a user would. Overrides of `args` (more pools,
+benchmark headers) are merged into the copy the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = float(os.environ.get("STACK_START_TIMEOUT_S", 900))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for k, v in override.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+class RunningStack:
+    def __init__(self, workdir: Path, args_override: dict | None = None):
+        config = yaml.safe_load((REPO / "ray_config.yaml").read_text())
+        self.port = _free_port()
+        config["http_options"]["port"] = self.port
+        app = config["applications"][0]
+        app["args"] = _merge(app["args"], args_override or {})
+        self.model = app["args"]["model"]["id"]
+        self.config_path = workdir / "ray_config.test.yaml"
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.log_path = workdir / "serve_run.log"
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self._proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "RunningStack":
+        return self.start()
+
+    def __exit__(self, *_) -> None:
+        self.stop()
+
+    def start(self) -> "RunningStack":
+        serve_bin = Path(sys.executable).with_name("serve")
+        log = open(self.log_path, "w")
+        # RAY_ADDRESS=local: always a cluster of its own, never a developer's running one (whose
+        # app of the same name the test would otherwise replace).
+        self._proc = subprocess.Popen(
+            [str(serve_bin), "run", str(self.config_path)],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "RAY_ADDRESS": "local"},
+        )
+        deadline = time.time() + START_TIMEOUT_S
+        while time.time() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"serve run exited early; see {self.log_path}:\n{self.tail()}")
+            if self._answers():
+                return self
+            time.sleep(3)
+        self.stop()
+        raise TimeoutError(f"stack not ready after {START_TIMEOUT_S:.0f}s; see {self.log_path}")
+
+    def _answers(self) -> bool:
+        try:
+            r = httpx.post(
+                f"{self.base_url}/v1/completions",
+                json={"model": self.model, "prompt": "Hi", "max_tokens": 1}, timeout=30,
+            )
+            return r.status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    @property
+    def pid(self) -> int:
+        """`serve run`'s process: the root of the stack's process tree (Ray, replicas, engines)."""
+        return self._proc.pid
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self) -> None:
+        """SIGTERM as a user's Ctrl-C would; then reap vLLM engine processes that outlive Ray."""
+        if not self._proc or self._proc.poll() is not None:
+            return
+        descendants = psutil.Process(self._proc.pid).children(recursive=True)
+        os.killpg(self._proc.pid, signal.SIGTERM)
+        try:
+            self._proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        _, alive = psutil.wait_procs(descendants, timeout=30)
+        for p in alive:
+            p.kill()
