@@ -21,7 +21,7 @@ from vllm.entrypoints.generate.base.protocol import StreamOptions
 from router.errors import APIError
 from router.forwarding import forward
 from router.length_bins import PoolBins
-from router.policies import POLICIES, Job, NoDecision, PolicyContext, RoundRobin
+from router.policies import POLICIES, Job, NoDecision, PolicyContext, RoundRobin, priority
 from router.pool_load import PoolLoad
 from router.predictor_client import Outcome, PredictorClient
 from router.prompt_ids import UnsupportedPrompt, prompt_ids
@@ -165,18 +165,6 @@ class Router:
         except NoDecision:
             return self._last_resort.choose(job), "round_robin", reason
 
-    def _priority(self, job: Job, pool: str, policy: str, cap: int | None) -> int:
-        """Predicted tokens (the true ones for the oracle); unpredicted requests count as their
-        pool's longest, so they never jump ahead of predicted short ones."""
-        if policy == "oracle":
-            tokens = job.true_tokens
-        elif job.prediction is not None:
-            tokens = job.prediction["expected_tokens"]
-        else:
-            i = self._bins.names.index(pool)
-            tokens = self._bins.edges[i] if i < len(self._bins.edges) else self._model["max_model_len"]
-        return round(min(tokens, cap) if cap else tokens)
-
     @staticmethod
     def _job(ids: list[list[int]] | None, outcome: Outcome, bench: BenchmarkOverrides) -> Job:
         return Job(
@@ -197,7 +185,7 @@ class Router:
             pool = self._load.spill(chosen) if self._limits["spillover"] else chosen
         route = Route(
             pool=pool, policy=policy, prompt_tokens=job.prompt_tokens, prediction=job.prediction,
-            priority=self._priority(job, chosen, policy, _max_tokens(body)),
+            priority=priority(job, chosen, policy, self._bins, self._model["max_model_len"], _max_tokens(body)),
             spilled_from=chosen if pool != chosen else None, fallback=fallback,
             routing_ms=(time.perf_counter() - start) * 1000,
         )

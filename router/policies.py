@@ -108,6 +108,20 @@ class Oracle:
         return self._bins.pool_of(job.true_tokens)
 
 
+def priority(job: Job, pool: str, policy: str, bins: PoolBins, max_model_len: int, cap: int | None) -> int:
+    """What vLLM schedules on inside a pool (lower first): predicted tokens (the true ones for the
+    oracle); unpredicted requests count as their pool's longest, so they never jump ahead of
+    predicted short ones."""
+    if policy == "oracle":
+        tokens = job.true_tokens
+    elif job.prediction is not None:
+        tokens = job.prediction["expected_tokens"]
+    else:
+        i = bins.names.index(pool)
+        tokens = bins.edges[i] if i < len(bins.edges) else max_model_len
+    return round(min(tokens, cap) if cap else tokens)
+
+
 POLICIES = {
     "round_robin": RoundRobin,
     "ray_default": PowerOfTwoChoices,

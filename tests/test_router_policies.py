@@ -164,3 +164,13 @@ def test_bad_or_unexpected_benchmark_headers_are_400(enabled, headers, fragment)
     with pytest.raises(APIError, match=fragment) as err:
         benchmark_overrides(_headers(**headers), enabled, POLICIES, POOLS)
     assert err.value.status == 400
+
+
+def test_priority_is_predicted_true_or_the_pools_longest():
+    from router.policies import priority
+
+    predicted = Job(prediction={"expected_tokens": 42.4, "bin": "short"}, true_tokens=500)
+    assert priority(predicted, "short", "estp", BINS, 4096, cap=None) == 42
+    assert priority(predicted, "short", "oracle", BINS, 4096, cap=None) == 500
+    assert priority(predicted, "short", "oracle", BINS, 4096, cap=64) == 64
+    assert [priority(Job(), pool, "input_length", BINS, 4096, None) for pool in POOLS] == [100, 300, 4096]
