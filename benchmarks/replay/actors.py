@@ -34,7 +34,8 @@ from benchmarks.replay.trace import TraceRequest
 
 log = logging.getLogger(__name__)
 START_LEAD_S = 2.0  # actors on other nodes get the trace before its first arrival
-PLAN_CONCURRENCY = 8  # one predictor batch (predictor.max_batch_size)
+PLAN_CONCURRENCY = 2  # a full predictor batch of long prompts on a busy CPU outlasts its 5 s timeout
+PLAN_ATTEMPTS = 3
 
 
 class LostRequests(RuntimeError):
@@ -160,10 +161,12 @@ async def plan_pools(base_url: str, trace: list[TraceRequest], policy: str, mode
     slots = asyncio.Semaphore(PLAN_CONCURRENCY)
     async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
         async def one(req: TraceRequest) -> str:
-            async with slots:
-                r = await client.post("/v1/length", json=req.body(model), headers=benchmark_headers(req, policy))
-            r.raise_for_status()
-            return r.json()["routing"]["pool"]
+            for attempt in range(PLAN_ATTEMPTS):  # 503: the prediction timed out; the stack is idle, retry
+                async with slots:
+                    r = await client.post("/v1/length", json=req.body(model), headers=benchmark_headers(req, policy))
+                if r.status_code != 503 or attempt == PLAN_ATTEMPTS - 1:
+                    r.raise_for_status()
+                    return r.json()["routing"]["pool"]
 
         pools = await asyncio.gather(*map(one, trace))
     return {req.request_id: pool for req, pool in zip(trace, pools)}
