@@ -112,7 +112,7 @@ def priority(job: Job, pool: str, policy: str, bins: PoolBins, max_model_len: in
     """What vLLM schedules on inside a pool (lower first): predicted tokens (the true ones for the
     oracle); unpredicted requests count as their pool's longest, so they never jump ahead of
     predicted short ones."""
-    if policy == "oracle":
+    if policy == "oracle" and job.true_tokens is not None:
         tokens = job.true_tokens
     elif job.prediction is not None:
         tokens = job.prediction["expected_tokens"]
