@@ -1,0 +1,60 @@
+"""One simulated run: a trace, a policy, a cluster size, a mode -> per-request records.
+
+Records have the replay's shape (benchmarks.replay.records.RequestRecord), so the simulator's
+runs and the real replay's are summarised by the same code and compared field by field.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks.replay.records import RequestRecord
+from benchmarks.replay.trace import TraceRequest
+from benchmarks.simulator.cluster import Outcome, simulate
+from benchmarks.simulator.routing import SimRouter
+from benchmarks.simulator.setup import Setup
+from benchmarks.simulator.workload import build_workload, head_for
+
+MODES = {"open": "continuous", "batch": "batch"}
+
+
+def run(setup: Setup, trace: list[TraceRequest], policy: str, replicas: int, mode: str = "open",
+        batch_size: int = 8, seed: int = 0, load_rps: float | None = None, sizing: str = "even",
+        ) -> list[RequestRecord]:
+    """Simulate `trace` under `policy` on `replicas` replicas; one record per request."""
+    config = setup.config
+    head = head_for(policy)
+    trace = sorted(trace, key=lambda r: r.arrival_s)
+    if mode == "batch":  # every request is there at t = 0, as in the replay's batch mode
+        trace = [r.model_copy(update={"arrival_s": 0.0}) for r in trace]
+    workload = build_workload(
+        trace, setup.predictions[head], setup.head_bins[head], setup.pool_bins,
+        config.predictor.max_prompt_tokens if config.predictor else 0, oracle=policy == "oracle",
+    )
+    spec = setup.cluster(replicas, MODES[mode], batch_size, sizing)
+    router = SimRouter(
+        policy, config.router.fallback_policy, setup.pool_bins, config.router.input_edges or [], spec.replicas,
+        spec.capacities(), config.router.spillover, config.model.max_model_len, seed=seed,
+    )
+    outcome = simulate(workload, router, spec, setup.limits, setup.model, seed=seed)
+    return _records(trace, workload.jobs, outcome, spec.pools, policy, mode, load_rps)
+
+
+def _records(trace, jobs, outcome: Outcome, pools: list[str], policy: str, mode: str, load_rps) -> list[RequestRecord]:
+    group_of = np.full(len(trace), -1)
+    for g, members in enumerate(outcome.groups):
+        group_of[members] = g
+    out = []
+    for i, r in enumerate(trace):
+        prediction = jobs[i].prediction
+        out.append(RequestRecord(
+            policy=policy, mode=mode, load_rps=load_rps if mode == "open" else None, request_id=r.request_id,
+            scenario=r.scenario, arrival_s=r.arrival_s, sent_s=r.arrival_s,
+            first_token_s=float(outcome.first_token[i]), finish_s=float(outcome.finish[i]),
+            prompt_tokens=r.prompt_tokens, completion_tokens=max(1, r.true_output_tokens),
+            true_output_tokens=r.true_output_tokens,
+            predicted_tokens=None if prediction is None else round(prediction["expected_tokens"]),
+            pool=pools[outcome.pool[i]], routed_policy=outcome.decided_by[i],
+            group=int(group_of[i]) if group_of[i] >= 0 else None, status="ok",
+        ))
+    return out

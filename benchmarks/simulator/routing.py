@@ -1,0 +1,64 @@
+"""The router's pool choice for simulated requests, made by the router's own objects.
+
+Policies are the classes of router.policies, built on one PolicyContext whose PoolLoad the
+simulator acquires and releases as the ingress does (at routing, at the last token), so
+ray_default sees the same in-flight counts and spillover follows PoolLoad.spill. The fallback
+chain and the priority rule mirror Router._choose and Router._priority (router/ingress.py): a
+request the policy cannot decide goes to the fallback policy, then round-robin; shortest-first
+priority is the predicted tokens, the true ones for the oracle, else the pool's upper edge.
+"""
+
+from __future__ import annotations
+
+import random
+
+from router.length_bins import PoolBins
+from router.policies import POLICIES, Job, NoDecision, PolicyContext, RoundRobin
+from router.pool_load import PoolLoad
+
+
+class SimRouter:
+    def __init__(
+        self, policy: str, fallback: str, bins: PoolBins, input_edges: list[int], replicas: dict[str, int],
+        capacities: dict[str, int | None], spillover: bool, max_model_len: int, seed: int = 0,
+    ):
+        names = list(bins.names)
+        self.load = PoolLoad(names, capacities)
+        ctx = PolicyContext(pools=names, output_bins=bins, input_edges=input_edges, replicas=replicas,
+                            load=self.load, rng=random.Random(seed))
+        self.policy_name, self.fallback_name = policy, fallback
+        self._policy, self._fallback, self._last_resort = POLICIES[policy](ctx), POLICIES[fallback](ctx), RoundRobin(ctx)
+        self._bins, self._spillover, self._max_model_len = bins, spillover, max_model_len
+
+    def _choose(self, job: Job) -> tuple[str, str]:
+        try:
+            return self._policy.choose(job), self.policy_name
+        except NoDecision:
+            pass
+        try:
+            return self._fallback.choose(job), self.fallback_name
+        except NoDecision:
+            return self._last_resort.choose(job), "round_robin"
+
+    def _priority(self, job: Job, pool: str, policy: str, cap: int | None) -> int:
+        if policy == "oracle":
+            tokens = job.true_tokens
+        elif job.prediction is not None:
+            tokens = job.prediction["expected_tokens"]
+        else:
+            i = self._bins.names.index(pool)
+            tokens = self._bins.edges[i] if i < len(self._bins.edges) else self._max_model_len
+        return round(min(tokens, cap) if cap else tokens)
+
+    def route(self, job: Job, cap: int | None) -> tuple[str, int, str]:
+        """(pool, priority, deciding policy) for a request arriving now; it counts in flight from here on."""
+        chosen, policy = self._choose(job)
+        pool = self.load.spill(chosen) if self._spillover else chosen
+        self.load.acquire(pool)
+        return pool, self._priority(job, chosen, policy, cap), policy
+
+    def plan(self, job: Job, cap: int | None) -> tuple[str, int, str]:
+        """The pool the policy picks before anything is sent (batch mode's /v1/length planning):
+        no spillover, nothing counted in flight."""
+        chosen, policy = self._choose(job)
+        return chosen, self._priority(job, chosen, policy, cap), policy

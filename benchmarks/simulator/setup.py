@@ -1,0 +1,81 @@
+"""Everything a simulation run takes from the real stack: config, calibration, heads, predictions.
+
+One place reads ray_config.yaml (pools, per-replica limits, router settings), the step-time
+calibration (the model and the engine's scheduler limits), and the predictor heads with their
+cached predictions, so every run simulates the stack a user would start.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.simulator.calibrate import CALIBRATION, stack_model
+from benchmarks.simulator.cluster import ClusterSpec
+from benchmarks.simulator.engine import EngineLimits
+from benchmarks.simulator.predictions import CHECKPOINTS, load_cache
+from benchmarks.simulator.step_time import StepTimeModel
+from deployments.config import DEFAULT_CHECKPOINTS, StackConfig
+from predictor.checkpoint import load_checkpoint
+from predictor.head import LengthBins, LengthPrediction
+from router.length_bins import PoolBins
+
+
+@dataclass
+class Setup:
+    config: StackConfig
+    model: StepTimeModel
+    limits: EngineLimits
+    pool_bins: PoolBins  # output edges: from the ESTP head, as the stack's default head sets them
+    head_bins: dict[str, LengthBins]
+    predictions: dict[str, dict[str, LengthPrediction]]  # head -> prompt_id -> prediction
+    calibration: dict
+
+    @property
+    def pools(self) -> list[str]:
+        return [p.name for p in self.config.pools]
+
+    def work_shares(self) -> dict[str, float]:
+        """Each pool's share of the decode work (output tokens) of the training split under the
+        pools' output edges: what a deployer who knows their traffic would size the pools by."""
+        from benchmarks.forelen.dataset import load_samples
+
+        tokens = dict.fromkeys(self.pools, 0)
+        for row in load_samples(split="train"):
+            tokens[self.pool_bins.pool_of(row["output_tokens"])] += row["output_tokens"]
+        total = sum(tokens.values())
+        return {name: t / total for name, t in tokens.items()}
+
+    def cluster(self, replicas: int, mode: str, batch_size: int, sizing: str = "even") -> ClusterSpec:
+        """`replicas` over the pools: evenly (as ray_config.yaml's one replica each) or by work share,
+        at least one each, largest remainders first."""
+        names = self.pools
+        shares = dict.fromkeys(names, 1 / len(names)) if sizing == "even" else self.work_shares()
+        spare = replicas - len(names)
+        exact = {name: spare * shares[name] for name in names}
+        counts = {name: 1 + int(exact[name]) for name in names}
+        by_remainder = sorted(names, key=lambda n: (exact[n] - int(exact[n]), names.index(n)), reverse=True)
+        for name in by_remainder[: replicas - sum(counts.values())]:
+            counts[name] += 1
+        per_replica = self.config.pools[0].deployment.get("max_ongoing_requests", 16)
+        return ClusterSpec(pools=names, replicas=counts, max_ongoing_requests=per_replica, mode=mode,
+                           batch_size=batch_size)
+
+
+def load_setup(calibration: Path = CALIBRATION) -> Setup:
+    config, _ = stack_model()
+    cal = json.loads(Path(calibration).read_text())
+    lim = cal["limits"]
+    limits = EngineLimits(max_num_seqs=lim["max_num_seqs"], max_num_batched_tokens=lim["max_num_batched_tokens"],
+                          kv_cache_tokens=lim["kv_cache_tokens"], shortest_first=config.router.shortest_first)
+    metas = {name: load_checkpoint(DEFAULT_CHECKPOINTS / name / "head")[1] for name in CHECKPOINTS}
+    names = [p.name for p in config.pools]
+    edges = config.router.output_edges
+    pool_bins = PoolBins(tuple(names), tuple(edges)) if edges is not None else \
+        PoolBins.from_quantiles(names, metas["estp"].bins)
+    return Setup(
+        config=config, model=StepTimeModel(**cal["model"]), limits=limits, pool_bins=pool_bins,
+        head_bins={name: meta.bins for name, meta in metas.items()},
+        predictions={name: load_cache(name) for name in CHECKPOINTS}, calibration=cal,
+    )

@@ -1,0 +1,126 @@
+"""The simulator against real runs: the same requests, the same pools, compared metric by metric.
+
+Validation pins each request to the pool it was really served by and to the tokens it really
+generated, so what is compared is the simulator's timing (engine scheduling, the step-time
+model, queueing), not a second draw of routing or sampling. Two sources:
+- the real replay (benchmarks/results/replay_requests.jsonl: the stack over HTTP, 3 pools x 1
+  replica sharing the machine's cores), per policy and mode;
+- the engine replay (`python -m benchmarks.simulator measure`): one vLLM engine fed a trace in
+  real time, no Ray; the simulator's single-replica case.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.replay.metrics import summarise
+from benchmarks.replay.records import RequestRecord, read_records
+from benchmarks.simulator.cluster import ClusterSpec, Workload, simulate
+from benchmarks.simulator.setup import Setup
+from router.policies import Job
+from router.pool_load import PoolLoad
+
+COMPARED = ("mean_jct_s", "p50_jct_s", "p99_jct_s", "mean_ttft_s", "throughput_tok_s", "padding_ratio")
+
+
+class PinnedRoutes:
+    """Sends every request where the measurement says it went, with the priority it had there."""
+
+    def __init__(self, pools: list[str], pinned: list[tuple[str, int]]):
+        self.load = PoolLoad(pools, dict.fromkeys(pools))
+        self._pinned = pinned
+        self._next = 0
+
+    def route(self, job: Job, cap: int | None) -> tuple[str, int, str]:
+        pool, priority = self._pinned[self._next]
+        self._next += 1
+        self.load.acquire(pool)
+        return pool, priority, "pinned"
+
+    def plan(self, job: Job, cap: int | None) -> tuple[str, int, str]:
+        pool, priority = self._pinned[self._next]
+        self._next += 1
+        return pool, priority, "pinned"
+
+
+def _errors(real: dict, sim: dict) -> dict:
+    out = {}
+    for key in COMPARED:
+        if real.get(key) and sim.get(key) is not None:
+            out[key] = {"real": real[key], "sim": sim[key], "rel_error": (sim[key] - real[key]) / real[key]}
+    return out
+
+
+def _simulate_records(setup: Setup, records: list[RequestRecord], priorities: list[int], spec: ClusterSpec,
+                      ) -> list[RequestRecord]:
+    """Replays `records` (sorted by arrival, then trace order) and returns them with simulated times."""
+    n = len(records)
+    workload = Workload(
+        arrival=np.array([r.arrival_s for r in records]),
+        prompt_tokens=np.array([r.prompt_tokens for r in records]),
+        output_tokens=np.array([max(1, r.completion_tokens) for r in records]),
+        max_tokens=np.full(n, setup.config.model.max_model_len), jobs=[Job()] * n,
+    )
+    routes = PinnedRoutes(spec.pools, [(r.pool, p) for r, p in zip(records, priorities)])
+    out = simulate(workload, routes, spec, setup.limits, setup.model)
+    group_of = {i: g for g, members in enumerate(out.groups) for i in members}
+    return [r.model_copy(update={"first_token_s": float(out.first_token[i]), "finish_s": float(out.finish[i]),
+                                 "group": group_of.get(i) if spec.mode == "batch" else None})
+            for i, r in enumerate(records)]
+
+
+def _priority(setup: Setup, r: RequestRecord) -> int:
+    """What the router gave the request to schedule on (Router._priority), from its record."""
+    if r.policy == "oracle" or r.routed_policy == "oracle":
+        return r.true_output_tokens
+    if r.predicted_tokens is not None:
+        return r.predicted_tokens
+    i = setup.pool_bins.names.index(r.pool)
+    edges = setup.pool_bins.edges
+    return round(edges[i]) if i < len(edges) else setup.config.model.max_model_len
+
+
+def against_replay(setup: Setup, path: Path) -> dict:
+    """Per (policy, mode) of the real replay: its metrics, the simulator's on the same requests, errors."""
+    by_run: dict[tuple[str, str], list[RequestRecord]] = defaultdict(list)
+    for r in read_records(path):
+        by_run[(r.policy, r.mode)].append(r)
+    results = {}
+    for (policy, mode), records in sorted(by_run.items()):
+        ok = sorted((r for r in records if r.status == "ok"), key=lambda r: (r.arrival_s, r.request_id))
+        if not ok:
+            continue
+        batch_size = max((sum(1 for x in ok if x.group == g) for g in {x.group for x in ok}), default=8) \
+            if mode == "batch" else 8
+        replicas = {p.name: p.replicas() for p in setup.config.pools}
+        spec = ClusterSpec(pools=setup.pools, replicas=replicas,
+                           max_ongoing_requests=setup.config.pools[0].deployment.get("max_ongoing_requests", 16),
+                           mode="batch" if mode == "batch" else "continuous", batch_size=batch_size)
+        simulated = _simulate_records(setup, ok, [_priority(setup, r) for r in ok], spec)
+        real_m, sim_m = summarise(ok, batch_size), summarise(simulated, batch_size)
+        results[f"{policy}/{mode}"] = {"requests": len(ok), "failed_in_real": len(records) - len(ok),
+                                       "errors": _errors(real_m, sim_m)}
+    return results
+
+
+def against_engine(setup: Setup, path: Path) -> dict:
+    """The engine replay on one simulated replica (no Ray limit: the engine takes every request)."""
+    measured = json.loads(Path(path).read_text())
+    rows = measured["requests"]
+    records = [RequestRecord(policy="estp", mode="open", request_id=r["request_id"], scenario="",
+                             arrival_s=r["arrival_s"], first_token_s=r["first_token_s"], finish_s=r["finish_s"],
+                             prompt_tokens=r["prompt_tokens"], completion_tokens=r["completion_tokens"],
+                             true_output_tokens=r["true_output_tokens"], pool="engine", status="ok") for r in rows]
+    spec = ClusterSpec(pools=["engine"], replicas={"engine": 1}, max_ongoing_requests=len(rows))
+    simulated = _simulate_records(setup, records, [r["priority"] for r in rows], spec)
+    jct_real = np.array([r.jct_s for r in records])
+    jct_sim = np.array([r.jct_s for r in simulated])
+    per_request = np.abs(jct_sim - jct_real) / jct_real
+    return {"trace": measured["trace"], "requests": len(rows),
+            "errors": _errors(summarise(records, 8), summarise(simulated, 8)),
+            "per_request_jct_rel_error_median": float(np.median(per_request)),
+            "per_request_jct_rel_error_p90": float(np.quantile(per_request, 0.9))}

@@ -1,0 +1,52 @@
+"""Replay traces turned into simulator workloads, with what the router would know of each request.
+
+The trace (benchmarks.replay.trace) gives arrivals, prompts and true lengths; the prediction
+caches give the predictor's answer for each prompt, described (pool masses, capped expected
+length, `bin`) exactly as the prediction deployment describes it for the router. Prompts longer
+than the predictor's `max_prompt_tokens` get no prediction, as in the router, and the policy
+falls back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks.replay.trace import TraceRequest
+from benchmarks.simulator.cluster import Workload
+from predictor.head import LengthBins, LengthPrediction
+from router.length_bins import PoolBins
+from router.policies import Job
+
+HEAD_OF_POLICY = {"egtp": "egtp"}  # every other policy runs beside the ESTP head, as the stack does
+
+
+def head_for(policy: str) -> str:
+    return HEAD_OF_POLICY.get(policy, "estp")
+
+
+def build_workload(
+    trace: list[TraceRequest], predictions: dict[str, LengthPrediction], head_bins: LengthBins, pools: PoolBins,
+    max_prompt_tokens: int, oracle: bool,
+) -> Workload:
+    trace = sorted(trace, key=lambda r: r.arrival_s)
+    jobs, described = [], {}  # resampled traces repeat prompts: describe each (prompt, cap) once
+    for r in trace:
+        prediction, failure = None, None
+        if r.prompt_tokens > max_prompt_tokens:
+            failure = "prompt_too_long"
+        elif r.prompt_id not in predictions:
+            failure = "no_prediction"
+        else:
+            key = (r.prompt_id, r.max_tokens)
+            if key not in described:
+                described[key] = pools.describe(predictions[r.prompt_id], head_bins, r.max_tokens)
+            prediction = described[key]
+        jobs.append(Job(prompt_tokens=r.prompt_tokens, prediction=prediction, prediction_failure=failure,
+                        true_tokens=r.true_output_tokens if oracle else None))
+    return Workload(
+        arrival=np.array([r.arrival_s for r in trace], dtype=float),
+        prompt_tokens=np.array([r.prompt_tokens for r in trace], dtype=np.int64),
+        output_tokens=np.array([max(1, r.true_output_tokens) for r in trace], dtype=np.int64),
+        max_tokens=np.array([r.max_tokens for r in trace], dtype=np.int64),
+        jobs=jobs,
+    )
