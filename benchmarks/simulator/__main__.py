@@ -52,7 +52,7 @@ def _run(args) -> None:
             "requests": args.requests, "load": args.load, "replica_capacity_rps": capacity, "rps_per_replica": rps,
             "batch_size": args.batch_size, "modes": args.modes, "replicas": args.replicas, "sizings": args.sizing,
             "results": scale_runs(setup, args.replicas, args.requests, rps, args.modes, args.batch_size, args.sizing,
-                                  seed=args.seed),
+                                  seed=args.seed, workers=args.workers),
         }
     write(result, args.out)
     print(json.dumps({k: v for k, v in result.items() if k != "scale"}, indent=1))
@@ -79,6 +79,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--sizing", nargs="+", default=["even", "work"], choices=["even", "work"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=2, help="parallel simulation processes")
     p.add_argument("--replay", type=Path, default=RESULTS / "replay_requests.jsonl")
     p.add_argument("--engine", type=Path, default=RESULTS / "simulator_engine_replay.json")
     p.add_argument("--out", type=Path, default=RESULTS)

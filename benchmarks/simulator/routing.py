@@ -2,10 +2,10 @@
 
 Policies are the classes of router.policies, built on one PolicyContext whose PoolLoad the
 simulator acquires and releases as the ingress does (at routing, at the last token), so
-ray_default sees the same in-flight counts and spillover follows PoolLoad.spill. The fallback
-chain and the priority rule mirror Router._choose and Router._priority (router/ingress.py): a
-request the policy cannot decide goes to the fallback policy, then round-robin; shortest-first
-priority is the predicted tokens, the true ones for the oracle, else the pool's upper edge.
+ray_default sees the same in-flight counts and spillover follows PoolLoad.spill; the
+shortest-first priority is router.policies.priority. The fallback chain mirrors Router._choose
+(router/ingress.py): a request the policy cannot decide goes to the fallback policy, then
+round-robin.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 
 from router.length_bins import PoolBins
-from router.policies import POLICIES, Job, NoDecision, PolicyContext, RoundRobin
+from router.policies import POLICIES, Job, NoDecision, PolicyContext, RoundRobin, priority
 from router.pool_load import PoolLoad
 
 
@@ -40,25 +40,15 @@ class SimRouter:
         except NoDecision:
             return self._last_resort.choose(job), "round_robin"
 
-    def _priority(self, job: Job, pool: str, policy: str, cap: int | None) -> int:
-        if policy == "oracle":
-            tokens = job.true_tokens
-        elif job.prediction is not None:
-            tokens = job.prediction["expected_tokens"]
-        else:
-            i = self._bins.names.index(pool)
-            tokens = self._bins.edges[i] if i < len(self._bins.edges) else self._max_model_len
-        return round(min(tokens, cap) if cap else tokens)
-
     def route(self, job: Job, cap: int | None) -> tuple[str, int, str]:
         """(pool, priority, deciding policy) for a request arriving now; it counts in flight from here on."""
         chosen, policy = self._choose(job)
         pool = self.load.spill(chosen) if self._spillover else chosen
         self.load.acquire(pool)
-        return pool, self._priority(job, chosen, policy, cap), policy
+        return pool, priority(job, chosen, policy, self._bins, self._max_model_len, cap), policy
 
     def plan(self, job: Job, cap: int | None) -> tuple[str, int, str]:
         """The pool the policy picks before anything is sent (batch mode's /v1/length planning):
         no spillover, nothing counted in flight."""
         chosen, policy = self._choose(job)
-        return chosen, self._priority(job, chosen, policy, cap), policy
+        return chosen, priority(job, chosen, policy, self._bins, self._max_model_len, cap), policy

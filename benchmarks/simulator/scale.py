@@ -53,25 +53,41 @@ def gains(by_policy: dict[str, dict], baseline: str = "round_robin") -> dict[str
     return out
 
 
+_WORKER: dict = {}  # per worker process: the setup and the traces it built
+
+
+def _init_worker(setup: Setup, n: int, rps_per_replica: float, split: str, seed: int) -> None:
+    _WORKER.update(setup=setup, n=n, rps=rps_per_replica, split=split, seed=seed, traces={})
+
+
+def _one(job: tuple[str, int, str, str, int]) -> tuple[tuple, dict]:
+    sizing, r, mode, policy, batch_size = job
+    w = _WORKER
+    if r not in w["traces"]:
+        w["traces"][r] = build_trace(split=w["split"], n=w["n"], arrival="poisson", rate=w["rps"] * r, seed=w["seed"])
+    start = time.perf_counter()
+    records = run(w["setup"], w["traces"][r], policy, r, mode, batch_size, seed=w["seed"], load_rps=w["rps"] * r,
+                  sizing=sizing)
+    summary = summarise(records, batch_size)
+    summary["sim_wall_s"] = round(time.perf_counter() - start, 2)
+    summary["fallback_share"] = sum(rec.routed_policy != policy for rec in records) / len(records)
+    return job, summary
+
+
 def scale_runs(setup: Setup, replicas: list[int], n: int, rps_per_replica: float, modes: list[str],
                batch_size: int, sizings: list[str], split: str = "test", seed: int = 0,
-               policies=POLICY_ORDER) -> dict:
-    """{sizing: {replicas: {mode: {"policies": {policy: metrics}, "gains": ...}}}}"""
+               policies=POLICY_ORDER, workers: int = 2) -> dict:
+    """{sizing: {replicas: {mode: {"policies": {policy: metrics}, "gains": ...}}}}; runs in parallel
+    processes, each its own seeded copy of every trace (identical across processes)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = [(s, r, mode, p, batch_size) for r in replicas for s in sizings for mode in modes for p in policies]
     results: dict = {}
-    jobs = [(s, r, mode, p) for s in sizings for r in replicas for mode in modes for p in policies]
-    traces = {}
-    bar = tqdm(jobs, desc="simulate", unit="run")
-    for sizing, r, mode, policy in bar:
-        bar.set_postfix(sizing=sizing, replicas=r, mode=mode, policy=policy)
-        if r not in traces:
-            traces[r] = build_trace(split=split, n=n, arrival="poisson", rate=rps_per_replica * r, seed=seed)
-        start = time.perf_counter()
-        records = run(setup, traces[r], policy, r, mode, batch_size, seed=seed, load_rps=rps_per_replica * r,
-                      sizing=sizing)
-        summary = summarise(records, batch_size)
-        summary["sim_wall_s"] = round(time.perf_counter() - start, 2)
-        summary["fallback_share"] = sum(rec.routed_policy != policy for rec in records) / len(records)
-        results.setdefault(sizing, {}).setdefault(str(r), {}).setdefault(mode, {})[policy] = summary
+    with ProcessPoolExecutor(workers, initializer=_init_worker,
+                             initargs=(setup, n, rps_per_replica, split, seed)) as pool:
+        for (sizing, r, mode, policy, _), summary in tqdm(pool.map(_one, jobs), total=len(jobs), desc="simulate",
+                                                          unit="run"):
+            results.setdefault(sizing, {}).setdefault(str(r), {}).setdefault(mode, {})[policy] = summary
     for by_size in results.values():
         for by_mode in by_size.values():
             for mode, by_policy in by_mode.items():

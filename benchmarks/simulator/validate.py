@@ -21,7 +21,7 @@ from benchmarks.replay.metrics import summarise
 from benchmarks.replay.records import RequestRecord, read_records
 from benchmarks.simulator.cluster import ClusterSpec, Workload, simulate
 from benchmarks.simulator.setup import Setup
-from router.policies import Job
+from router.policies import Job, priority
 from router.pool_load import PoolLoad
 
 COMPARED = ("mean_jct_s", "p50_jct_s", "p99_jct_s", "mean_ttft_s", "throughput_tok_s", "padding_ratio")
@@ -74,14 +74,10 @@ def _simulate_records(setup: Setup, records: list[RequestRecord], priorities: li
 
 
 def _priority(setup: Setup, r: RequestRecord) -> int:
-    """What the router gave the request to schedule on (Router._priority), from its record."""
-    if r.policy == "oracle" or r.routed_policy == "oracle":
-        return r.true_output_tokens
-    if r.predicted_tokens is not None:
-        return r.predicted_tokens
-    i = setup.pool_bins.names.index(r.pool)
-    edges = setup.pool_bins.edges
-    return round(edges[i]) if i < len(edges) else setup.config.model.max_model_len
+    """What the router gave the request to schedule on (router.policies.priority), from its record."""
+    job = Job(prediction=None if r.predicted_tokens is None else {"expected_tokens": r.predicted_tokens},
+              true_tokens=r.true_output_tokens if r.policy == "oracle" else None)
+    return priority(job, r.pool, r.routed_policy or r.policy, setup.pool_bins, setup.config.model.max_model_len, None)
 
 
 def against_replay(setup: Setup, path: Path) -> dict:
