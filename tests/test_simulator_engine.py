@@ -77,3 +77,16 @@ def test_batch_mode_groups_in_trace_order_and_pads_to_the_longest():
     assert out.finish.tolist() == [3.0, 5.0, 2.0, 2.0, 6.0]
     lengths = [[outputs[i] for i in g] for g in out.groups]
     assert padding_ratio(lengths) == pytest.approx((4 * 5 - 12) / 13)
+
+
+def test_a_step_slowdown_stretches_every_step():
+    workload = Workload(np.array([0.0, 3.5]), np.array([10, 10]), np.array([10, 2]), np.full(2, 1024),
+                        [Job(prompt_tokens=10)] * 2)
+    router = SimRouter("round_robin", "input_length", PoolBins(("only",), ()), [], {"only": 1}, {"only": 16},
+                       True, 4096)
+    spec = ClusterSpec(pools=["only"], replicas={"only": 1}, max_ongoing_requests=16, step_slowdown=2.0)
+    out = simulate(workload, router, spec, LIMITS, ONE_SECOND_STEPS)
+    # 2 s steps: A's prefill 0-2, decodes from 2; B arrives at 3.5 during A's second step (2-4),
+    # prefills 4-6, decodes 6-8; A's 10 tokens take 10 steps: done at 20.
+    assert out.first_token.tolist() == [2.0, 6.0]
+    assert out.finish.tolist() == [20.0, 8.0]

@@ -35,6 +35,9 @@ class ClusterSpec(BaseModel):
     max_ongoing_requests: int  # per replica (Ray Serve)
     mode: Literal["continuous", "batch"] = "continuous"
     batch_size: int = 16  # batch mode: requests decoded together
+    # Every step takes this many times the calibrated time: replicas sharing fewer cores than
+    # they are (the replay's 3 one-thread engines on 2 cores: 1.5). 1: each has its own hardware.
+    step_slowdown: float = 1.0
 
     def per_replica(self) -> int:
         """Requests a replica holds: its ongoing limit, or exactly one group in batch mode."""
@@ -138,7 +141,7 @@ def simulate(
     def kick(r: int, now: float) -> None:
         engine = engines[r]
         if engine.busy_until is None:
-            engine.start(now)
+            engine.start(now, spec.step_slowdown)
             if engine.busy_until is not None:
                 schedule(r, engine.busy_until)
         else:

@@ -67,6 +67,7 @@ class Engine:
         self.busy_until: float | None = None  # end of the run of steps in progress
         # the run in progress: its start, steps, and (for pure decode runs) its shape
         self._run_start = 0.0
+        self._run_slowdown = 1.0
         self._run_steps = 0
         self._run_decode: tuple[int, float] | None = None
         self._run_prefill: dict[int, int] = {}  # sequence index -> prefill tokens this step
@@ -87,11 +88,11 @@ class Engine:
         if self.busy_until is None or self._run_decode is None or self._run_steps <= 1 or self.batch_size:
             return None  # idle (the loop starts it), a single step, or a batch nobody may join
         seqs, kv = self._run_decode
-        done = self.model.decode_steps_within(seqs, kv, now - self._run_start)
+        done = self.model.decode_steps_within(seqs, kv, (now - self._run_start) / self._run_slowdown)
         if done + 1 >= self._run_steps:
             return None
         self._run_steps = done + 1
-        self.busy_until = self._run_start + self.model.decode_run(seqs, kv, self._run_steps)
+        self.busy_until = self._run_start + self._run_slowdown * self.model.decode_run(seqs, kv, self._run_steps)
         return self.busy_until
 
     def _finish_run(self, log: StepLog) -> None:
@@ -144,8 +145,10 @@ class Engine:
             self.busy_until = None
         return log
 
-    def start(self, now: float) -> None:
-        """At a step boundary of an idle engine: admit, then start the next run (or stay idle)."""
+    def start(self, now: float, slowdown: float = 1.0) -> None:
+        """At a step boundary of an idle engine: admit, then start the next run (or stay idle).
+
+        `slowdown` stretches the run's steps (the cluster's `step_slowdown`)."""
         self._admit()
         if not self.running:
             return
@@ -158,12 +161,12 @@ class Engine:
                 self._run_prefill[s.index] = take
                 budget -= take
         kv = self.kv_tokens()  # the context every decode attends to; a prefill chunk attends to itself too
-        self._run_start = now
+        self._run_start, self._run_slowdown = now, slowdown
         if self._run_prefill:
             prefill = sum(self._run_prefill.values())
             self._run_steps, self._run_decode = 1, None
-            self.busy_until = now + self.model.step(len(decoding), prefill, kv + prefill)
+            self.busy_until = now + slowdown * self.model.step(len(decoding), prefill, kv + prefill)
         else:
             self._run_steps = min(s.output - s.generated for s in decoding)
             self._run_decode = (len(decoding), kv)
-            self.busy_until = now + self.model.decode_run(len(decoding), kv, self._run_steps)
+            self.busy_until = now + slowdown * self.model.decode_run(len(decoding), kv, self._run_steps)

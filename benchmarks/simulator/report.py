@@ -23,15 +23,15 @@ def _pct(x) -> str:
 def _validation_md(validation: dict) -> list[str]:
     lines = ["## Validation against real runs", ""]
     for source, runs in validation.items():
-        if not runs:
-            continue
-        lines += [f"### {source}", "", runs.get("note", ""), ""] if "note" in runs else [f"### {source}", ""]
+        lines += [f"### {source}", "", "| run | requests | metric | real | simulated | error | error, shared cores |",
+                  "|---|---|---|---|---|---|---|"]
         items = runs["runs"].items() if "runs" in runs else [("engine", runs)]
-        lines += ["| run | requests | metric | real | simulated | error |", "|---|---|---|---|---|---|"]
         for name, run in items:
+            shared = run.get("errors_shared_cores", {})
             for metric, e in run["errors"].items():
+                s = shared.get(metric)
                 lines.append(f"| {name} | {run['requests']} | {metric} | {_f(e['real'])} | {_f(e['sim'])} "
-                             f"| {_pct(e['rel_error'])} |")
+                             f"| {_pct(e['rel_error'])} | {_pct(s['rel_error']) if s else '-'} |")
         lines.append("")
     return lines
 
