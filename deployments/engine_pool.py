@@ -24,6 +24,9 @@ _CPU_ENGINE_ENV_DEFAULTS = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "OMP_NUM_THREADS": "1",
 }
+# A node group's resource is a label, not a capacity: each replica asks for a sliver of it, so a
+# node of the group takes as many replicas as its CPUs/GPUs allow.
+NODE_GROUP_SHARE = 0.001
 
 
 def engine_env(model: ModelSpec) -> dict[str, str]:
@@ -32,13 +35,24 @@ def engine_env(model: ModelSpec) -> dict[str, str]:
     return {**{k: os.environ.get(k, v) for k, v in defaults.items()}, **model.engine_env}
 
 
+def engine_bundle(model: ModelSpec, pool: PoolSpec) -> dict[str, float]:
+    """The engine's placement-group bundle; Serve adds the replica actor's own resources to it.
+
+    The replica actor is scheduled into this first bundle and the engine runs in the replica's
+    placement group, so pinning the bundle to the pool's node group puts both on that node.
+    """
+    bundle = {"CPU": model.engine_cpus}
+    if model.engine_gpus:
+        bundle["GPU"] = model.engine_gpus
+    if pool.node_group:
+        bundle[pool.node_group] = NODE_GROUP_SHARE
+    return bundle
+
+
 def llm_config(model: ModelSpec, pool: PoolSpec, priority_scheduling: bool) -> LLMConfig:
     engine_kwargs = {"max_model_len": model.max_model_len, **model.engine_kwargs}
     if priority_scheduling:  # requests carry `priority` = predicted tokens: shortest first
         engine_kwargs["scheduling_policy"] = "priority"
-    worker = {"CPU": model.engine_cpus}
-    if model.engine_gpus:
-        worker["GPU"] = model.engine_gpus
     env = engine_env(model)
     deployment = {"name": pool.name, **pool.deployment}
     # The replica actor itself only relays requests to its engine process: a sliver of a CPU.
@@ -50,7 +64,7 @@ def llm_config(model: ModelSpec, pool: PoolSpec, priority_scheduling: bool) -> L
         },
         accelerator_config={"kind": model.accelerator},
         engine_kwargs=engine_kwargs,
-        placement_group_config={"bundles": [worker]},
+        placement_group_config={"bundles": [engine_bundle(model, pool)]},
         deployment_config=deployment,
         runtime_env={"env_vars": env},
     )
