@@ -41,6 +41,8 @@ def _run(args) -> None:
     cal = setup.calibration
     result = {
         "calibration": {"model": cal["model"], "fit": cal["fit"], "limits": cal["limits"]},
+        "prediction_quality_test_split": setup.prediction_quality("test"),
+        "pool_edges": list(setup.pool_bins.edges),
         "validation": validation,
         "scale": None,
         "notes": [GPU_NOTE],
@@ -54,6 +56,8 @@ def _run(args) -> None:
             "results": scale_runs(setup, args.replicas, args.requests, rps, args.modes, args.batch_size, args.sizing,
                                   seed=args.seed, workers=args.workers),
         }
+    elif (args.out / "simulator.json").exists():  # validation only: keep the last scale runs
+        result["scale"] = json.loads((args.out / "simulator.json").read_text()).get("scale")
     write(result, args.out)
     print(json.dumps({k: v for k, v in result.items() if k != "scale"}, indent=1))
 
@@ -71,7 +75,8 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=0.5, help="requests/s")
     p.add_argument("--max-tokens", type=int, default=512)
     p = sub.add_parser("run", help="validation + scale runs -> benchmarks/results/simulator.*")
-    p.add_argument("--replicas", type=int, nargs="*", default=[10, 100, 1000])
+    p.add_argument("--replicas", type=int, nargs="*", default=[10, 100, 1000],
+                   help="cluster sizes; none (`--replicas` alone): validation only, keeping the last scale runs")
     p.add_argument("--requests", type=int, default=100_000)
     p.add_argument("--load", type=float, default=0.8,
                    help="offered load per replica as a fraction of a full replica's capacity (step-time model)")
@@ -85,9 +90,11 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.command == "predict":
+        from benchmarks.simulator.calibrate import stack_model
         from benchmarks.simulator.predictions import predict_all
 
-        print(json.dumps(predict_all(threads=args.threads)))
+        config, _ = stack_model()
+        print(json.dumps(predict_all(config.predictor.max_prompt_tokens, threads=args.threads)))
     elif args.command == "calibrate":
         from benchmarks.simulator.calibrate import calibrate
 

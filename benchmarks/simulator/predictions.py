@@ -70,7 +70,7 @@ def _cached_keys(name: str) -> set[tuple[str, str]]:
     return {(r["prompt_id"], r["ids"]) for r in rows if r["checkpoint"] == current}
 
 
-def predict_all(batch: int = 32, threads: int = 2) -> dict[str, int]:
+def predict_all(max_prompt_tokens: int, batch: int = 32, threads: int = 2) -> dict[str, int]:
     """Predict every dataset prompt missing from the caches; returns how many were added per checkpoint."""
     import torch
     from tqdm import tqdm
@@ -85,11 +85,13 @@ def predict_all(batch: int = 32, threads: int = 2) -> dict[str, int]:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     prompts = {r["prompt_id"]: r["prompt"] for r in load_samples()}
     ids = {pid: router_ids(tokenizer, EMBEDDED_MODEL_ID, text) for pid, text in prompts.items()}
+    # The router never predicts longer prompts (predictor.max_prompt_tokens): they fall back.
+    ids = {pid: i for pid, i in ids.items() if len(i) <= max_prompt_tokens}
     model = None
     added = {}
     for name in CHECKPOINTS:
         done = _cached_keys(name)
-        todo = [pid for pid in prompts if (pid, ids_hash(ids[pid])) not in done]
+        todo = [pid for pid in ids if (pid, ids_hash(ids[pid])) not in done]
         added[name] = len(todo)
         if not todo:
             continue

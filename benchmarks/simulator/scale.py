@@ -91,5 +91,6 @@ def scale_runs(setup: Setup, replicas: list[int], n: int, rps_per_replica: float
     for by_size in results.values():
         for by_mode in by_size.values():
             for mode, by_policy in by_mode.items():
-                by_mode[mode] = {"policies": by_policy, "gains": gains(by_policy)}
+                by_mode[mode] = {"policies": by_policy, "gains": gains(by_policy),
+                                 "gains_vs_ray_default": gains(by_policy, "ray_default")}
     return results

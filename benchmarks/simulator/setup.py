@@ -36,6 +36,28 @@ class Setup:
     def pools(self) -> list[str]:
         return [p.name for p in self.config.pools]
 
+    def prediction_quality(self, split: str = "test") -> dict:
+        """Per head on `split`: MAE of the expected length and how often its pool (`bin`) is the
+        true length's pool; the predictions the simulator routes on, judged where the heads
+        never trained."""
+        from benchmarks.forelen.dataset import load_samples
+
+        cap = max(self.head_bins["estp"].max_tokens, 1)
+        out = {}
+        for head, predictions in self.predictions.items():
+            rows = [r for r in load_samples(split=split) if r["prompt_id"] in predictions]
+            if not rows:
+                continue
+            described = [self.pool_bins.describe(predictions[r["prompt_id"]], self.head_bins[head], cap) for r in rows]
+            errors = [abs(d["expected_tokens"] - r["output_tokens"]) for d, r in zip(described, rows)]
+            hits = [d["bin"] == self.pool_bins.pool_of(r["output_tokens"]) for d, r in zip(described, rows)]
+            routed = {p: sum(d["bin"] == p for d in described) / len(rows) for p in self.pools}
+            out[head] = {"samples": len(rows), "mae_tokens": sum(errors) / len(rows),
+                         "pool_accuracy": sum(hits) / len(rows), "routed_share": routed}
+        truth = [self.pool_bins.pool_of(r["output_tokens"]) for r in load_samples(split=split)]
+        out["true_share"] = {p: truth.count(p) / len(truth) for p in self.pools} if truth else {}
+        return out
+
     def work_shares(self) -> dict[str, float]:
         """Each pool's share of the decode work (output tokens) of the training split under the
         pools' output edges: what a deployer who knows their traffic would size the pools by."""
