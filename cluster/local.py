@@ -92,8 +92,10 @@ def _ray_start(root: Path, node: NodeSpec, extra: list[str]) -> None:
         RAY, "start", "--node-ip-address", "127.0.0.1", "--temp-dir", str(node_dir),
         "--num-cpus", str(node.num_cpus), "--num-gpus", "0", "--resources", json.dumps(node.resources),
         "--object-store-memory", str(OBJECT_STORE_BYTES), "--node-manager-port", str(node.node_manager_port),
-        # Ray's fixed default ports (52365, 8265, 10001, ...) would collide between nodes of one host.
+        # Ray's fixed default ports (52365, 8265, 10001, ...) and worker port range (10002-19999)
+        # would collide between the nodes of one host; 0 lets every worker take a free port.
         "--dashboard-agent-listen-port", str(_free_port()), "--metrics-export-port", str(_free_port()),
+        "--min-worker-port", "0", "--max-worker-port", "0",
         "--disable-usage-stats", *extra,
     ]
     log = node_dir / "ray_start.log"
