@@ -71,9 +71,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     sub.add_parser("calibrate", help="measure vLLM step times, fit the step-time model")
     p = sub.add_parser("measure", help="a small real engine replay to validate the simulator on")
-    p.add_argument("--requests", type=int, default=48)
-    p.add_argument("--rate", type=float, default=0.5, help="requests/s")
-    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--requests", type=int, default=40)
+    p.add_argument("--rate", type=float, default=0.4, help="requests/s")
+    p.add_argument("--max-tokens", type=int, default=384)
     p = sub.add_parser("run", help="validation + scale runs -> benchmarks/results/simulator.*")
     p.add_argument("--replicas", type=int, nargs="*", default=[10, 100, 1000],
                    help="cluster sizes; none (`--replicas` alone): validation only, keeping the last scale runs")

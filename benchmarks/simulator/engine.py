@@ -1,6 +1,6 @@
 """One replica's engine: continuous batching (vLLM-like) or batch-synchronous decoding.
 
-Both engines are driven by the cluster's event loop: `submit` hands a request to the engine,
+The engine is driven by the cluster's event loop: `submit` hands it a request,
 `settle()` ends the run of steps in progress (first tokens, finishes), `start(now)` schedules the
 next run and sets `busy_until` (None: idle), and `arrival_cuts_run(now)` shortens a run of decode
 steps to the boundary at which a newly submitted request can join.
@@ -9,6 +9,9 @@ Continuous batching works like vLLM's scheduler: at every step boundary finished
 waiting ones are admitted (FCFS or by priority = predicted tokens) while the running-sequence
 limit and the KV-token budget allow, prompts are prefilled in chunks of the step's token budget
 together with the running decodes, and a prompt's last prefill chunk yields its first token.
+Simplified: a request is admitted when its prompt fits the free KV tokens, and the cache of
+running sequences may then grow past the budget (vLLM would preempt and later recompute the
+lowest-priority one); with the stack's 16 requests per replica and ~23k KV tokens that is rare.
 Between two events nothing changes the batch, so a run of identical decode steps is timed in
 one closed form (`StepTimeModel.decode_run`) instead of step by step: the simulator's cost is
 per request, not per token.

@@ -6,7 +6,7 @@ it up), with the priority the router would give it (ESTP's predicted tokens), sa
 trace's temperature. Per request it records arrival, first token, finish and the tokens really
 generated, so the simulator can replay exactly these requests and be compared one for one.
 
-    python -m benchmarks.simulator measure     # about 4 minutes on 2 CPU cores
+    python -m benchmarks.simulator measure     # about 3 minutes on 2 CPU cores
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from benchmarks.simulator.setup import load_setup
 MEASURED = REPO / "benchmarks" / "results" / "simulator_engine_replay.json"
 
 
-def measure(n: int = 48, rate: float = 0.5, max_tokens: int = 512, seed: int = 0, out: Path = MEASURED) -> dict:
+def measure(n: int = 40, rate: float = 0.4, max_tokens: int = 384, seed: int = 0, out: Path = MEASURED) -> dict:
     engine, settings = _engine()  # first: it sets the engine's environment (threads) before torch starts
     from tqdm import tqdm
     from vllm import SamplingParams

@@ -47,7 +47,7 @@ def _records(trace, jobs, outcome: Outcome, pools: list[str], policy: str, mode:
     out = []
     for i, r in enumerate(trace):
         prediction = jobs[i].prediction
-        out.append(RequestRecord(
+        out.append(RequestRecord.model_construct(  # fields typed here already: no validation per record
             policy=policy, mode=mode, load_rps=load_rps if mode == "open" else None, request_id=r.request_id,
             scenario=r.scenario, arrival_s=r.arrival_s, sent_s=r.arrival_s,
             first_token_s=float(outcome.first_token[i]), finish_s=float(outcome.finish[i]),
