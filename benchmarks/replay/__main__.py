@@ -41,25 +41,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--base-url", help="a running stack with router.benchmark_headers: true (default: start one)")
     p.add_argument("--dataset", type=Path, default=DEFAULT_OUT)
     p.add_argument("--split", default="test")
-    p.add_argument("--n", type=int, default=16, help="requests per policy and load (open loop)")
+    p.add_argument("--n", type=int, default=12, help="requests per policy and load (open loop)")
     p.add_argument("--batch-n", type=int, default=None, help="requests per policy in batch mode (default --n)")
-    p.add_argument("--max-tokens", type=int, default=256, help="cap on every answer (and on true lengths)")
+    p.add_argument("--max-tokens", type=int, default=128, help="cap on every answer (and on true lengths)")
+    p.add_argument("--max-true-tokens", type=int, default=128,
+                   help="only prompts whose dataset answer ended within this many tokens (0: all)")
     p.add_argument("--arrival", choices=ARRIVALS, default="azure")
-    p.add_argument("--loads", type=float, nargs="+", default=[0.25], help="offered loads, requests/s")
+    p.add_argument("--loads", type=float, nargs="+", default=[0.15], help="offered loads, requests/s")
     p.add_argument("--policies", nargs="+", default=POLICY_ORDER, choices=POLICY_ORDER)
     p.add_argument("--modes", nargs="+", default=["open", "batch"], choices=["open", "batch"])
-    p.add_argument("--batch-size", type=int, default=4, help="group size (batch mode; open-loop padding)")
+    p.add_argument("--batch-size", type=int, default=3, help="group size (batch mode; open-loop padding)")
     p.add_argument("--actors", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--run-timeout-s", type=float, default=240, help="bound on each (policy, mode, load) run")
+    p.add_argument("--run-timeout-s", type=float, default=150, help="bound on each (policy, mode, load) run")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--resume", action="store_true", help="keep finished runs of replay_requests.jsonl")
     p.add_argument("--report-only", action="store_true", help="no runs: the report from replay_requests.jsonl")
     return p.parse_args(argv)
 
 
-def capped_edges(dataset: Path, cap: int, pools: int = 3) -> list[float]:
-    """Pool edges at equal shares of the training lengths under the cap, kept below 0.9 x cap.
+def capped_edges(dataset: Path, cap: int, max_true_tokens: int | None, pools: int = 3) -> list[float]:
+    """Pool edges at equal shares of the training lengths the trace draws from, under 0.9 x cap.
 
     The checkpoint's own edges assume the dataset's 1,024-token cap; under a lower cap the long
     pool would get nothing (a capped prediction never exceeds the cap). Where a share ends at the
@@ -69,7 +71,8 @@ def capped_edges(dataset: Path, cap: int, pools: int = 3) -> list[float]:
 
     from benchmarks.forelen.dataset import load_samples
 
-    lengths = np.minimum([r["output_tokens"] for r in load_samples(dataset, split="train")], cap)
+    train = [r["output_tokens"] for r in load_samples(dataset, split="train")]
+    lengths = np.minimum([n for n in train if max_true_tokens is None or n <= max_true_tokens], cap)
     return [float(min(round(np.quantile(lengths, i / pools)), round(0.9 * cap))) for i in range(1, pools)]
 
 
@@ -112,12 +115,12 @@ def main(argv=None) -> dict:
         n = args.n if mode == "open" else args.batch_n or args.n
         # Batch mode ignores arrivals (all present at t = 0): the same prompts, any rate.
         return build_trace(args.dataset, args.split, n=n, arrival=args.arrival, rate=load or 1.0, seed=args.seed,
-                           max_tokens=args.max_tokens)
+                           max_tokens=args.max_tokens, max_true_tokens=args.max_true_tokens or None)
 
     runs = [(mode, load, policy) for mode in args.modes for load in (args.loads if mode == "open" else [None])
             for policy in args.policies]
     todo = [] if args.report_only else [run for run in runs if (run[2], run[0], run[1]) not in finished]
-    output_edges = capped_edges(args.dataset, args.max_tokens)
+    output_edges = capped_edges(args.dataset, args.max_tokens, args.max_true_tokens or None)
     with serving(args.base_url, output_edges) if todo else contextlib.nullcontext() as base_url:
         actors = spawn_actors(base_url, args.actors, args.run_timeout_s) if todo else []
         if todo:
@@ -137,7 +140,7 @@ def main(argv=None) -> dict:
     settings = {
         "machine": os.environ.get("REPLAY_MACHINE", f"{os.cpu_count()} CPU cores, no GPU"),
         "dataset": Path(args.dataset).name, "split": args.split, "n": args.n, "batch_n": args.batch_n or args.n,
-        "max_tokens": args.max_tokens, "arrival": args.arrival, "loads": args.loads, "batch_size": args.batch_size,
+        "max_tokens": args.max_tokens, "max_true_tokens": args.max_true_tokens, "arrival": args.arrival, "loads": args.loads, "batch_size": args.batch_size,
         "actors": args.actors, "seed": args.seed, "output_edges": output_edges,
     }
     report = write_report(args.out, records, args.batch_size, settings, lost)

@@ -89,7 +89,8 @@ def write_markdown(path: Path, report: dict) -> None:
         f"Machine: {s['machine']}. Stack: `ray_config.yaml` (3 pools x 1 vLLM CPU replica of SmolLM2-135M-Instruct, "
         "ESTP predictor) with `router.benchmark_headers: true`; every policy on the same trace in one run.",
         f"Trace: {s['n']} requests from the `{s['split']}` split of `{s['dataset']}`, {s['arrival']} arrivals, "
-        f"seed {s['seed']}, max_tokens {s['max_tokens']}, pool output edges {s['output_edges']}; "
+        f"seed {s['seed']}, max_tokens {s['max_tokens']} (only prompts whose dataset answer ended within "
+        f"{s.get('max_true_tokens')} tokens), pool output edges {s['output_edges']}; "
         f"{s['actors']} replay actors (SPREAD). Open loop at {s['loads']} req/s; batch mode: groups of "
         f"{s['batch_size']} per pool, all requests present at t = 0.",
         "",

@@ -103,16 +103,23 @@ def build_trace(
     max_tokens: int | None = None,
     scenarios: list[str] | None = None,
     data_dir: Path = DEFAULT_DATA_DIR,
+    max_true_tokens: int | None = None,
 ) -> list[TraceRequest]:
     """n requests drawn from the split (without replacement while it lasts), seeded.
 
     `max_tokens` caps every answer (default: the dataset's generation cap); `true_output_tokens`
     is the dataset's length under the same cap. Sampling at the dataset's temperature gives
     lengths from the same distribution, not the same numbers: the dataset has one draw per sample.
+    `max_true_tokens` keeps only prompts whose dataset answer ended within it: a slow machine's
+    small cap then still sees answers of natural, varied lengths instead of mostly cut ones.
     """
     settings = load_meta(dataset_dir)["settings"]
     cap = max_tokens or settings["max_tokens"]
-    rows = [r for r in load_samples(dataset_dir, split=split) if scenarios is None or r["scenario"] in scenarios]
+    rows = [
+        r for r in load_samples(dataset_dir, split=split)
+        if (scenarios is None or r["scenario"] in scenarios)
+        and (max_true_tokens is None or r["output_tokens"] <= max_true_tokens)
+    ]
     if not rows:
         raise ValueError(f"no {split!r} samples in {dataset_dir} for scenarios {scenarios}")
     rows.sort(key=lambda r: (r["prompt_id"], r["sample_idx"]))  # file order depends on build timing
