@@ -37,7 +37,7 @@ def _merge(base: dict, override: dict) -> dict:
 
 
 class RunningStack:
-    def __init__(self, workdir: Path, args_override: dict | None = None):
+    def __init__(self, workdir: Path, args_override: dict | None = None, ray_address: str = "local"):
         config = yaml.safe_load((REPO / "ray_config.yaml").read_text())
         self.port = _free_port()
         config["http_options"]["port"] = self.port
@@ -49,6 +49,7 @@ class RunningStack:
         self.log_path = workdir / "serve_run.log"
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._proc: subprocess.Popen | None = None
+        self._ray_address = ray_address
 
     def __enter__(self) -> "RunningStack":
         return self.start()
@@ -59,12 +60,12 @@ class RunningStack:
     def start(self) -> "RunningStack":
         serve_bin = Path(sys.executable).with_name("serve")
         log = open(self.log_path, "w")
-        # RAY_ADDRESS=local: always a cluster of its own, never a developer's running one (whose
-        # app of the same name the test would otherwise replace).
+        # RAY_ADDRESS=local by default: always a cluster of its own, never a developer's running one
+        # (whose app of the same name the test would otherwise replace); or a cluster named on purpose.
         self._proc = subprocess.Popen(
             [str(serve_bin), "run", str(self.config_path)],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "RAY_ADDRESS": "local"},
+            env={**os.environ, "RAY_ADDRESS": self._ray_address},
         )
         deadline = time.time() + START_TIMEOUT_S
         while time.time() < deadline:
