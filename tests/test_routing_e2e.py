@@ -157,6 +157,7 @@ def test_saturated_pool_spills_to_its_neighbour(stack):
 def test_benchmark_headers_choose_policy_and_head_per_request(stack, client):
     import openai
 
+    _wait_idle(stack)  # no spillover from the streams of earlier tests
     estp = _predict(stack, SHORT, max_tokens=600)
     r = _post(stack, "/v1/length", _chat(stack, SHORT, max_tokens=600), headers={"X-Routing-Policy": "egtp"})
     assert r.status_code == 200 and r.json()["routing"]["policy"] == "egtp"
