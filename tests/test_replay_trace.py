@@ -62,3 +62,12 @@ def test_trace_round_trips_through_jsonl(tmp_path):
     write_trace(tmp_path / "t.jsonl", trace)
     assert read_trace(tmp_path / "t.jsonl") == trace
     assert trace[0].body("m")["messages"] == trace[0].messages
+
+
+def test_max_true_tokens_keeps_only_answers_that_ended_within_it():
+    from benchmarks.forelen.dataset import load_samples
+
+    limit = sorted(r["output_tokens"] for r in load_samples(TINY, split="train"))[10]
+    trace = build_trace(TINY, split="train", n=30, max_true_tokens=limit, seed=0)
+    assert all(r.true_output_tokens <= limit for r in trace)
+    assert len({r.true_output_tokens for r in trace}) > 1
