@@ -47,7 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-true-tokens", type=int, default=128,
                    help="only prompts whose dataset answer ended within this many tokens (0: all)")
     p.add_argument("--arrival", choices=ARRIVALS, default="azure")
-    p.add_argument("--loads", type=float, nargs="+", default=[0.15], help="offered loads, requests/s")
+    p.add_argument("--loads", type=float, nargs="+", default=[0.2], help="offered loads, requests/s")
     p.add_argument("--policies", nargs="+", default=POLICY_ORDER, choices=POLICY_ORDER)
     p.add_argument("--modes", nargs="+", default=["open", "batch"], choices=["open", "batch"])
     p.add_argument("--batch-size", type=int, default=3, help="group size (batch mode; open-loop padding)")
