@@ -32,6 +32,11 @@ DEFAULT_ROOT = Path(os.environ.get("LENGTHSERVE_CLUSTER_DIR", "/tmp/lengthserve-
 # Small object stores: all nodes share one machine's memory and /dev/shm.
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
 RAY = str(Path(sys.executable).with_name("ray"))
+# Ray 2.60 turns token authentication on for a new head whenever ~/.ray/auth_token exists, while
+# clients that name an address (`ray start --address`, `RAY_ADDRESS=... serve run`) only send the
+# token under RAY_AUTH_MODE=token; so every node of this one-machine development cluster runs in one
+# explicit mode, the one plain clients use.
+AUTH_MODE = "disabled"
 
 
 def _free_port() -> int:
@@ -100,7 +105,8 @@ def _ray_start(root: Path, node: NodeSpec, extra: list[str]) -> None:
     ]
     log = node_dir / "ray_start.log"
     with open(log, "w") as out:
-        result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT)
+        result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "RAY_AUTH_MODE": AUTH_MODE})
     if result.returncode != 0:
         raise RuntimeError(f"`ray start` for {node.name} failed; see {log}:\n{log.read_text()[-3000:]}")
 
