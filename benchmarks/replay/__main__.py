@@ -132,16 +132,15 @@ def main(argv=None) -> dict:
             write_records(records_path, got, append=True)
             records += got
             log.info("%s %s %s: %d ok of %d", policy, mode, load, sum(r.status == "ok" for r in got), len(got))
-    lost = sum(
-        account(trace_for(mode, load), [r for r in records if (r.policy, r.mode, r.load_rps) == (policy, mode, load)]).lost
-        for mode, load, policy in runs
-    )
-    print(f"lost requests: {lost}")
+    by_run = {run: [r for r in records if (r.policy, r.mode, r.load_rps) == (run[2], run[0], run[1])] for run in runs}
+    not_run = [f"{policy}/{mode}/{load}" for (mode, load, policy), got in by_run.items() if not got]
+    lost = sum(account(trace_for(mode, load), got).lost for (mode, load, _), got in by_run.items() if got)
+    print(f"lost requests: {lost}" + (f"; runs not done (stopped early?): {not_run}" if not_run else ""))
     settings = {
         "machine": os.environ.get("REPLAY_MACHINE", f"{os.cpu_count()} CPU cores, no GPU"),
         "dataset": Path(args.dataset).name, "split": args.split, "n": args.n, "batch_n": args.batch_n or args.n,
         "max_tokens": args.max_tokens, "max_true_tokens": args.max_true_tokens, "arrival": args.arrival, "loads": args.loads, "batch_size": args.batch_size,
-        "actors": args.actors, "seed": args.seed, "output_edges": output_edges,
+        "actors": args.actors, "seed": args.seed, "output_edges": output_edges, "runs_not_done": not_run,
     }
     report = write_report(args.out, records, args.batch_size, settings, lost)
     if lost:

@@ -132,7 +132,9 @@ def write_markdown(path: Path, report: dict) -> None:
             f"| {_fmt(r['throughput_tok_s'], 1)} | {_fmt(r['mean_jct_s'])} | {_fmt(r['p99_jct_s'])} "
             f"| {_fmt(r['padding_ratio'])} | {pools} | {_fmt(r['prediction_mae'], 0)} |"
         )
-    lines += ["", f"Lost requests (sent - completed - failed): **{report['lost_requests']}**.", "",
+    missing = s.get("runs_not_done")
+    lines += ["", f"Lost requests (sent - completed - failed): **{report['lost_requests']}**."
+              + (f" Runs not done (the run was stopped early): {', '.join(missing)}." if missing else ""), "",
               "Definitions (benchmarks/replay/metrics.py): JCT = arrival to last token; throughput = completed "
               "output tokens over first arrival to last finish; short = the trace's shortest third by true "
               "length; padding ratio = sum(n x max - sum) / sum over groups decoded together (batch mode: its "
