@@ -17,6 +17,16 @@ import os
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
+READING_NOTE = (
+    "How to read: ESTP and EGTP route on the committed checkpoints' predictions (see the prediction table: "
+    "the pool accuracy of each head on the test split); the oracle routes on the true lengths, so its "
+    "columns are what a perfect predictor would give with the same pools. Open loop is continuous "
+    "batching, where a short request never waits for a long one inside a batch: length-aware routing can "
+    "only help through queueing, and it costs statistical multiplexing (three smaller pools). Batch mode "
+    "decodes fixed groups, where length-homogeneous groups cut the padding. With pools sized evenly the "
+    "long pool gets most of the decode work; sized by work, round-robin overloads the small short pool "
+    "and ray_default is the fair length-blind baseline."
+)
 GPU_NOTE = (
     "What a GPU changes: the step-time model is a parameter file. On a GPU a decode step is bound by "
     "reading the weights, so the fixed cost per step dominates and each extra sequence in the batch costs "
@@ -45,7 +55,7 @@ def _run(args) -> None:
         "pool_edges": list(setup.pool_bins.edges),
         "validation": validation,
         "scale": None,
-        "notes": [GPU_NOTE],
+        "notes": [READING_NOTE, GPU_NOTE],
     }
     if args.replicas:
         capacity = replica_capacity_rps(setup)
