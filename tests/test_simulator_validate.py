@@ -1,5 +1,7 @@
 """The validation path: the replay's records in, per-run metric errors out (no Ray, no model)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -45,11 +47,22 @@ def test_the_simulator_validated_against_its_own_records_shows_no_error(tmp_path
     records = run(setup, trace, "oracle", 3, mode, batch_size=4) + run(setup, trace, "round_robin", 3, mode, batch_size=4)
     write_records(tmp_path / "replay.jsonl", records)
     result = against_replay(setup, tmp_path / "replay.jsonl")
-    assert set(result) == {f"oracle/{mode}", f"round_robin/{mode}"}
-    for run_result in result.values():
+    assert set(result["runs"]) == {f"oracle/{mode}", f"round_robin/{mode}"}
+    assert result["fitted_slowdown"] == pytest.approx(1.0, abs=1e-3)  # nothing left out to stand for
+    assert result["shared_cores_slowdown"] == 1.5  # three one-thread engines on two cores
+    for run_result in result["runs"].values():
         assert run_result["requests"] == len(trace)
         assert {"mean_jct_s", "throughput_tok_s"} <= set(run_result["errors"])
         assert all(abs(e["rel_error"]) < 1e-9 for e in run_result["errors"].values())
-        # three one-thread engines on two cores: every step 1.5x longer, so JCTs grow
-        assert run_result["shared_cores_slowdown"] == 1.5
-        assert run_result["errors_shared_cores"]["mean_jct_s"]["rel_error"] > 0.2
+        assert run_result["errors_shared_cores"]["mean_jct_s"]["rel_error"] > 0.2  # every step 1.5x longer
+
+
+def test_the_fitted_slowdown_recovers_an_engine_twice_as_slow_as_calibrated(tmp_path):
+    setup, trace = _setup(), _trace()
+    slow = StepTimeModel(**{k: 2 * v for k, v in setup.model.model_dump().items()})
+    records = run(replace(setup, model=slow), trace, "oracle", 3, "open", batch_size=4)
+    write_records(tmp_path / "replay.jsonl", records)
+    result = against_replay(setup, tmp_path / "replay.jsonl")
+    assert result["fitted_slowdown"] == pytest.approx(2.0, rel=1e-3)
+    assert abs(result["runs"]["oracle/open"]["errors_fitted"]["mean_jct_s"]["rel_error"]) < 1e-3
+    assert result["runs"]["oracle/open"]["errors"]["mean_jct_s"]["rel_error"] < -0.4

@@ -45,7 +45,7 @@ def _run(args) -> None:
     setup = load_setup()
     validation = {}
     if args.replay.exists():
-        validation["real replay (HTTP stack, 3 pools x 1 replica)"] = {"runs": against_replay(setup, args.replay)}
+        validation["real replay (HTTP stack, 3 pools x 1 replica)"] = against_replay(setup, args.replay)
     if args.engine.exists():
         validation["engine replay (one vLLM engine, no Ray)"] = against_engine(setup, args.engine)
     cal = setup.calibration

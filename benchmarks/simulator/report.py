@@ -37,16 +37,20 @@ def _predictions_md(quality: dict, edges: list[float]) -> list[str]:
 def _validation_md(validation: dict) -> list[str]:
     lines = ["## Validation against real runs", ""]
     for source, runs in validation.items():
-        lines += [f"### {source}", "", "| run | requests (failed in real) | metric | real | simulated | error "
-                  "| error, shared cores |", "|---|---|---|---|---|---|---|"]
+        lines += [f"### {source}", ""]
+        if "fitted_slowdown" in runs:
+            lines += [f"Step times as calibrated; x{runs['shared_cores_slowdown']:.2f} for engines sharing cores; "
+                      f"x{_f(runs['fitted_slowdown'])} fitted to all runs' mean JCTs (what the model leaves out).", ""]
+        lines += ["| run | requests (failed in real) | metric | real | simulated | error | error, shared cores "
+                  "| error, fitted |", "|---|---|---|---|---|---|---|---|"]
         items = runs["runs"].items() if "runs" in runs else [("engine", runs)]
         for name, run in items:
-            shared = run.get("errors_shared_cores", {})
+            shared, fitted = run.get("errors_shared_cores", {}), run.get("errors_fitted", {})
             for metric, e in run["errors"].items():
-                s = shared.get(metric)
+                s, f = shared.get(metric), fitted.get(metric)
                 lines.append(f"| {name} | {run['requests']} ({run.get('failed_in_real', 0)}) | {metric} "
-                             f"| {_f(e['real'])} | {_f(e['sim'])} "
-                             f"| {_pct(e['rel_error'])} | {_pct(s['rel_error']) if s else '-'} |")
+                             f"| {_f(e['real'])} | {_f(e['sim'])} | {_pct(e['rel_error'])} "
+                             f"| {_pct(s['rel_error']) if s else '-'} | {_pct(f['rel_error']) if f else '-'} |")
         lines.append("")
     return lines
 

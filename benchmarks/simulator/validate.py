@@ -80,20 +80,34 @@ def _priority(setup: Setup, r: RequestRecord) -> int:
     return priority(job, r.pool, r.routed_policy or r.policy, setup.pool_bins, setup.config.model.max_model_len, None)
 
 
+def _golden_min(f, lo: float, hi: float, iterations: int = 24) -> float:
+    """The minimiser of a unimodal f on [lo, hi]."""
+    ratio = (5 ** 0.5 - 1) / 2
+    a, b = lo, hi
+    for _ in range(iterations):
+        c, d = b - ratio * (b - a), a + ratio * (b - a)
+        if f(c) <= f(d):
+            b = d
+        else:
+            a = c
+    return (a + b) / 2
+
+
 def against_replay(setup: Setup, path: Path) -> dict:
     """Per (policy, mode) of the real replay: its metrics against the simulator's on the same requests.
 
-    Twice: with the calibrated step times as they are, and stretched by engines / cores (the
-    replay runs one one-thread engine per pool on this machine's cores, alongside the router,
-    the predictor and the clients, none of which the simulator models).
+    Three times: with the calibrated step times as they are; stretched by engines / cores (the
+    replay runs one one-thread engine per pool on this machine's cores); and stretched by one
+    factor fitted to all runs' mean JCTs, which stands for what the model leaves out (the router,
+    the predictor's prefills and the clients share those cores). With that single factor the
+    remaining errors say whether the simulator orders and spaces the policies as the real stack did.
     """
     by_run: dict[tuple[str, str], list[RequestRecord]] = defaultdict(list)
     for r in read_records(path):
         by_run[(r.policy, r.mode)].append(r)
     replicas = {p.name: p.replicas() for p in setup.config.pools}
-    cores = setup.calibration["settings"]["cpus"]
-    shared = max(1.0, sum(replicas.values()) / cores)
-    results = {}
+    shared = max(1.0, sum(replicas.values()) / setup.calibration["settings"]["cpus"])
+    runs = {}
     for (policy, mode), records in sorted(by_run.items()):
         ok = sorted((r for r in records if r.status == "ok"), key=lambda r: (r.arrival_s, r.request_id))
         if not ok:
@@ -102,18 +116,29 @@ def against_replay(setup: Setup, path: Path) -> dict:
         for r in ok:
             sizes[r.group] += 1
         batch_size = max(sizes.values()) if mode == "batch" else 8
-        real = summarise(ok, batch_size)
-        run = {"requests": len(ok), "failed_in_real": len(records) - len(ok)}
-        for label, slowdown in (("errors", 1.0), ("errors_shared_cores", shared)):
-            spec = ClusterSpec(pools=setup.pools, replicas=replicas,
-                               max_ongoing_requests=setup.config.pools[0].deployment.get("max_ongoing_requests", 16),
-                               mode="batch" if mode == "batch" else "continuous", batch_size=batch_size,
-                               step_slowdown=slowdown)
-            simulated = _simulate_records(setup, ok, [_priority(setup, r) for r in ok], spec)
-            run[label] = _errors(real, summarise(simulated, batch_size))
-        run["shared_cores_slowdown"] = shared
-        results[f"{policy}/{mode}"] = run
-    return results
+        spec = ClusterSpec(pools=setup.pools, replicas=replicas,
+                           max_ongoing_requests=setup.config.pools[0].deployment.get("max_ongoing_requests", 16),
+                           mode="batch" if mode == "batch" else "continuous", batch_size=batch_size)
+        priorities = [_priority(setup, r) for r in ok]
+        runs[f"{policy}/{mode}"] = (ok, len(records) - len(ok), spec, priorities, summarise(ok, batch_size))
+
+    def simulated(key: str, slowdown: float) -> dict:
+        ok, _, spec, priorities, _ = runs[key]
+        return summarise(_simulate_records(setup, ok, priorities, spec.model_copy(update={"step_slowdown": slowdown})),
+                         spec.batch_size)
+
+    def misfit(slowdown: float) -> float:
+        return sum(np.log(simulated(k, slowdown)["mean_jct_s"] / real["mean_jct_s"]) ** 2
+                   for k, (*_, real) in runs.items())
+
+    fitted = _golden_min(misfit, 1.0, 10.0) if runs else None
+    results = {}
+    for key, (ok, failed, _, _, real) in runs.items():
+        results[key] = {"requests": len(ok), "failed_in_real": failed,
+                        "errors": _errors(real, simulated(key, 1.0)),
+                        "errors_shared_cores": _errors(real, simulated(key, shared)),
+                        "errors_fitted": _errors(real, simulated(key, fitted))}
+    return {"runs": results, "shared_cores_slowdown": shared, "fitted_slowdown": fitted}
 
 
 def against_engine(setup: Setup, path: Path) -> dict:
