@@ -50,24 +50,18 @@ def router_ids(tokenizer, model_id: str, prompt: str) -> list[int]:
     return prompt_ids(tokenizer, chat_body(model_id, prompt, None), "chat")[0]
 
 
-def load_cache(name: str) -> dict[str, LengthPrediction]:
-    """prompt_id -> prediction, only entries made by the current checkpoint."""
-    path, current = cache_path(name), checkpoint_hash(name)
-    out = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            if row["checkpoint"] == current:
-                out[row["prompt_id"]] = LengthPrediction(**row["prediction"])
-    return out
-
-
-def _cached_keys(name: str) -> set[tuple[str, str]]:
+def _current_rows(name: str) -> list[dict]:
+    """The cache's entries made by the checkpoint as it is now."""
     path, current = cache_path(name), checkpoint_hash(name)
     if not path.exists():
-        return set()
-    rows = (json.loads(line) for line in path.read_text().splitlines())
-    return {(r["prompt_id"], r["ids"]) for r in rows if r["checkpoint"] == current}
+        return []
+    rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return [r for r in rows if r["checkpoint"] == current]
+
+
+def load_cache(name: str) -> dict[str, LengthPrediction]:
+    """prompt_id -> prediction of the current checkpoint."""
+    return {r["prompt_id"]: LengthPrediction(**r["prediction"]) for r in _current_rows(name)}
 
 
 def predict_all(max_prompt_tokens: int, batch: int = 32, threads: int = 2) -> dict[str, int]:
@@ -90,7 +84,7 @@ def predict_all(max_prompt_tokens: int, batch: int = 32, threads: int = 2) -> di
     model = None
     added = {}
     for name in CHECKPOINTS:
-        done = _cached_keys(name)
+        done = {(r["prompt_id"], r["ids"]) for r in _current_rows(name)}
         todo = [pid for pid in ids if (pid, ids_hash(ids[pid])) not in done]
         added[name] = len(todo)
         if not todo:
