@@ -21,7 +21,7 @@ from vllm.entrypoints.generate.base.protocol import StreamOptions
 from router.errors import APIError
 from router.forwarding import forward
 from router.length_bins import PoolBins
-from router.policies import POLICIES, Job, NoDecision, PolicyContext, RoundRobin, priority
+from router.policies import POLICIES, Job, PolicyChain, PolicyContext, priority
 from router.pool_load import PoolLoad
 from router.predictor_client import Outcome, PredictorClient
 from router.prompt_ids import UnsupportedPrompt, prompt_ids
@@ -80,9 +80,7 @@ class Router:
         self._policy_name, self._fallback_name = self._limits["policy"], self._limits["fallback_policy"]
         # Benchmark headers let any request pick any policy: all are built once, each with its own state.
         self._benchmark = self._limits["benchmark_headers"]
-        self._policies = {name: POLICIES[name](ctx) for name in (POLICIES if self._benchmark else [self._policy_name])}
-        self._fallback = POLICIES[self._fallback_name](ctx)
-        self._last_resort = RoundRobin(ctx)  # input_length cannot decide without a tokenized prompt
+        self._chain = PolicyChain(ctx, POLICIES if self._benchmark else [self._policy_name], self._fallback_name)
         spec = config["predictor"] or {}
         self._predictor = PredictorClient(
             predictor, routing["predictor_name"], spec.get("timeout_s", 0), spec.get("max_prompt_tokens", 0),
@@ -139,7 +137,7 @@ class Router:
         return answer
 
     def _overrides(self, request: Request) -> BenchmarkOverrides:
-        return benchmark_overrides(request.headers, self._benchmark, self._policies, self._pools)
+        return benchmark_overrides(request.headers, self._benchmark, self._chain.policies, self._pools)
 
     async def _predict(self, body, kind: str, policy: str) -> tuple[list[list[int]] | None, Outcome]:
         try:
@@ -154,16 +152,11 @@ class Router:
         return ids, outcome
 
     def _choose(self, job: Job, outcome: Outcome, policy: str) -> tuple[str, str, str | None]:
-        """(pool, deciding policy, fallback reason)."""
-        try:
-            return self._policies[policy].choose(job), policy, None
-        except NoDecision as e:
-            reason = str(e)
+        """(pool, deciding policy, fallback reason); a fallback is counted and logged."""
+        pool, decided_by, reason = self._chain.choose(job, policy)
+        if reason is not None:
             self._metrics.fallback(reason, outcome.detail or reason)
-        try:
-            return self._fallback.choose(job), self._fallback_name, reason
-        except NoDecision:
-            return self._last_resort.choose(job), "round_robin", reason
+        return pool, decided_by, reason
 
     @staticmethod
     def _job(ids: list[list[int]] | None, outcome: Outcome, bench: BenchmarkOverrides) -> Job:

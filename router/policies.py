@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from router.length_bins import PoolBins
@@ -106,6 +107,29 @@ class Oracle:
         if job.true_tokens is None:
             raise NoDecision("no_oracle_header")
         return self._bins.pool_of(job.true_tokens)
+
+
+class PolicyChain:
+    """The policies a router consults, in order: the one in charge, the configured fallback, then
+    round-robin (input_length cannot decide without a tokenized prompt). The router and the
+    simulator decide through this one object, so they cannot drift apart."""
+
+    def __init__(self, ctx: PolicyContext, names: Iterable[str], fallback: str):
+        self.policies = {name: POLICIES[name](ctx) for name in names}
+        self.fallback_name = fallback
+        self._fallback = POLICIES[fallback](ctx)
+        self._last_resort = RoundRobin(ctx)
+
+    def choose(self, job: Job, policy: str) -> tuple[str, str, str | None]:
+        """(pool, deciding policy, why `policy` could not decide or None)."""
+        try:
+            return self.policies[policy].choose(job), policy, None
+        except NoDecision as e:
+            reason = str(e)
+        try:
+            return self._fallback.choose(job), self.fallback_name, reason
+        except NoDecision:
+            return self._last_resort.choose(job), "round_robin", reason
 
 
 def priority(job: Job, pool: str, policy: str, bins: PoolBins, max_model_len: int, cap: int | None) -> int:

@@ -6,7 +6,7 @@ import pytest
 
 from predictor.head import LengthBins, LengthPrediction
 from router.length_bins import PoolBins
-from router.policies import POLICIES, Job, NoDecision, PolicyContext
+from router.policies import POLICIES, Job, NoDecision, PolicyChain, PolicyContext
 from router.pool_load import PoolLoad
 
 POOLS = ["short", "medium", "long"]
@@ -174,3 +174,12 @@ def test_priority_is_predicted_true_or_the_pools_longest():
     assert priority(predicted, "short", "oracle", BINS, 4096, cap=None) == 500
     assert priority(predicted, "short", "oracle", BINS, 4096, cap=64) == 64
     assert [priority(Job(), pool, "input_length", BINS, 4096, None) for pool in POOLS] == [100, 300, 4096]
+
+
+def test_policy_chain_falls_back_to_the_fallback_then_round_robin():
+    chain = PolicyChain(_ctx(), ["estp"], "input_length")
+    predicted = Job(prompt_tokens=5, prediction={"bin": "long", "expected_tokens": 500.0})
+    assert chain.choose(predicted, "estp") == ("long", "estp", None)
+    assert chain.choose(Job(prompt_tokens=5, prediction_failure="timeout"), "estp")[1:] == ("input_length", "timeout")
+    pool, policy, reason = chain.choose(Job(prediction_failure="unsupported_prompt"), "estp")
+    assert (policy, reason) == ("round_robin", "unsupported_prompt") and pool in ("short", "medium", "long")

@@ -3,9 +3,8 @@
 Policies are the classes of router.policies, built on one PolicyContext whose PoolLoad the
 simulator acquires and releases as the ingress does (at routing, at the last token), so
 ray_default sees the same in-flight counts and spillover follows PoolLoad.spill; the
-shortest-first priority is router.policies.priority. The fallback chain mirrors Router._choose
-(router/ingress.py): a request the policy cannot decide goes to the fallback policy, then
-round-robin.
+shortest-first priority is router.policies.priority, and the fallback chain is the router's own
+router.policies.PolicyChain.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from __future__ import annotations
 import random
 
 from router.length_bins import PoolBins
-from router.policies import POLICIES, Job, NoDecision, PolicyContext, RoundRobin, priority
+from router.policies import Job, PolicyChain, PolicyContext, priority
 from router.pool_load import PoolLoad
 
 
@@ -27,18 +26,12 @@ class SimRouter:
         ctx = PolicyContext(pools=names, output_bins=bins, input_edges=input_edges, replicas=replicas,
                             load=self.load, rng=random.Random(seed))
         self.policy_name, self.fallback_name = policy, fallback
-        self._policy, self._fallback, self._last_resort = POLICIES[policy](ctx), POLICIES[fallback](ctx), RoundRobin(ctx)
+        self._chain = PolicyChain(ctx, [policy], fallback)
         self._bins, self._spillover, self._max_model_len = bins, spillover, max_model_len
 
     def _choose(self, job: Job) -> tuple[str, str]:
-        try:
-            return self._policy.choose(job), self.policy_name
-        except NoDecision:
-            pass
-        try:
-            return self._fallback.choose(job), self.fallback_name
-        except NoDecision:
-            return self._last_resort.choose(job), "round_robin"
+        pool, policy, _ = self._chain.choose(job, self.policy_name)
+        return pool, policy
 
     def route(self, job: Job, cap: int | None) -> tuple[str, int, str]:
         """(pool, priority, deciding policy) for a request arriving now; it counts in flight from here on."""
