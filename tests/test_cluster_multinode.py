@@ -31,7 +31,7 @@ from benchmarks.replay.trace import build_trace
 from cluster import local
 from tests.stack import RunningStack
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.own_cluster]
 
 APP = "lengthserve"
 HEAD_ONLY = {"node:__internal_head__": 0.001}  # Ray gives the head node this resource
@@ -56,7 +56,7 @@ RECOVERY_TIMEOUT_S = 420
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(session_stack_stopped):
     # A short root: Ray's socket paths under it must stay within the 107 characters Unix allows.
     root = Path(tempfile.mkdtemp(prefix="lsc-", dir="/tmp"))
     try:
@@ -84,7 +84,10 @@ def _nodes() -> dict[str, dict]:
 
 
 def _replica_nodes(deployment: str) -> list[str]:
-    actors = list_actors(filters=[("class_name", "=", f"ServeReplica:{APP}:{deployment}"), ("state", "=", "ALIVE")])
+    # The connected cluster's address: the session stack's cluster may be up too, and Ray's
+    # state API would refuse to guess between the two.
+    actors = list_actors(address=ray.get_runtime_context().gcs_address,
+                         filters=[("class_name", "=", f"ServeReplica:{APP}:{deployment}"), ("state", "=", "ALIVE")])
     return [a.node_id for a in actors]
 
 

@@ -90,7 +90,8 @@ class ReplayActor:
                         label: str, load_rps: float | None) -> list[dict]:
         """Send each request at t0 + its arrival; t0 and deadline are wall-clock (time.time())."""
         async def one(req: TraceRequest) -> RequestRecord:
-            await asyncio.sleep(max(0.0, t0 + req.arrival_s - time.time()))
+            while (wait := t0 + req.arrival_s - time.time()) > 0:  # the loop's timer may wake early
+                await asyncio.sleep(wait)
             return await self._send(req, t0, deadline, benchmark_headers(req, policy),
                                     dict(policy=label, mode="open", load_rps=load_rps, arrival_s=req.arrival_s))
 
