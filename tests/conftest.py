@@ -3,13 +3,13 @@ import os
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-_session_stacks = []  # the shared stack, once started
 
 
 def pytest_collection_modifyitems(items):
-    """Tests that start a cluster of their own (marker own_cluster) run after every other test:
-    by then the shared session stack has served all its tests and can be stopped for them."""
-    items.sort(key=lambda item: item.get_closest_marker("own_cluster") is not None)
+    """Tests that start a cluster of their own (marker own_cluster) run first, before the shared
+    session stack exists: two stacks at once overload 2 cores / 24 GiB. (Run after it, the test
+    process's Ray driver would also have to move between clusters, which Ray's actors do not survive.)"""
+    items.sort(key=lambda item: item.get_closest_marker("own_cluster") is None)
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +22,6 @@ def stack(tmp_path_factory):
     from tests.stack import RunningStack
 
     running = RunningStack(tmp_path_factory.mktemp("stack"), {"router": {"benchmark_headers": True}}).start()
-    _session_stacks.append(running)
     yield running
     running.stop()
 
@@ -33,10 +32,3 @@ def client(stack):
 
     return OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
 
-
-@pytest.fixture(scope="module")
-def session_stack_stopped():
-    """Two stacks at once do not fit 2 cores and 24 GiB: a test with a cluster of its own stops the
-    shared one first (it runs last, see pytest_collection_modifyitems)."""
-    for running in _session_stacks:
-        running.stop()

@@ -56,7 +56,7 @@ RECOVERY_TIMEOUT_S = 420
 
 
 @pytest.fixture(scope="module")
-def cluster(session_stack_stopped):
+def cluster():
     # A short root: Ray's socket paths under it must stay within the 107 characters Unix allows.
     root = Path(tempfile.mkdtemp(prefix="lsc-", dir="/tmp"))
     try:
