@@ -8,7 +8,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def pytest_collection_modifyitems(items):
     """Tests that start a cluster of their own (marker own_cluster) run first, before the shared
     session stack exists: two stacks at once overload 2 cores / 24 GiB. (Run after it, the test
-    process's Ray driver would also have to move between clusters, which Ray's actors do not survive.)"""
+    process's Ray driver also has to move between clusters; in CI its replay actors were then
+    cancelled before they started.)"""
     items.sort(key=lambda item: item.get_closest_marker("own_cluster") is None)
 
 
