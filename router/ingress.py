@@ -168,13 +168,14 @@ class Router:
     async def _route(self, request: Request, body, kind: str) -> tuple[Route, list[list[int]] | None]:
         start = time.perf_counter()
         bench = self._overrides(request)
-        ids, outcome = await self._predict(body, kind, bench.policy or self._policy_name)
+        policy = bench.policy or self._policy_name
+        ids, outcome = await self._predict(body, kind, policy)
         job = self._job(ids, outcome, bench)
         if bench.pool is not None:  # planned by the benchmark (batch mode): no decision, no spillover
-            chosen, policy, fallback = bench.pool, bench.policy or self._policy_name, None
+            chosen, fallback = bench.pool, None
             pool = chosen
         else:
-            chosen, policy, fallback = self._choose(job, outcome, bench.policy or self._policy_name)
+            chosen, policy, fallback = self._choose(job, outcome, policy)
             pool = self._load.spill(chosen) if self._limits["spillover"] else chosen
         route = Route(
             pool=pool, policy=policy, prompt_tokens=job.prompt_tokens, prediction=job.prediction,
