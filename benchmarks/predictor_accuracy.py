@@ -73,6 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", type=Path, default=DEFAULT_OUT)
     p.add_argument("--out-dir", type=Path, default=RESULTS)
+    p.add_argument("--samples", type=int, help="only the first N samples built (a snapshot of a growing dataset)")
     p.add_argument("--limit", type=int, help="samples per split (whole prompts, round-robin over scenarios)")
     p.add_argument("--methods", nargs="+", default=["all"],
                    help=f"variants or groups: {', '.join(VARIANTS)}, methods, ablations, lambda_sweep, all")
@@ -91,8 +92,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     variants = select(args.methods)
-    model_dir, model_hash, tokenizer, settings, splits = open_dataset(args.model, args.dataset, SPLITS)
-    rows = load_samples(args.dataset)
+    model_dir, model_hash, tokenizer, settings, splits = open_dataset(args.model, args.dataset, SPLITS, args.samples)
+    rows = load_samples(args.dataset, first=args.samples)
     scenario = {r["prompt_id"]: r["scenario"] for r in rows}
     text = {r["prompt_id"]: r["prompt"] for r in rows}
     splits = {s: limit_examples(splits[s], args.limit, scenario) for s in SPLITS}
@@ -111,12 +112,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     fit = dict(epochs=args.epochs, patience=args.patience)
     result = score_variants(variants, splits, cache, proxy, scenario, int(settings["max_tokens"]), args.seeds, **fit)
-    floors, sources = noise_floors(args.dataset, sorted({scenario[e.prompt_id] for e in splits["test"]}))
+    floors, sources = noise_floors(args.dataset, sorted({scenario[e.prompt_id] for e in splits["test"]}),
+                                   args.samples)
     result.update(noise_floor_mae=floors, noise_floor_source=sources)
     result["token_weights"] = token_weights(cache, tokenizer, _figure_prompts(splits["test"], scenario))
     n_samples = len(rows)
     result["dataset"] = {
-        "path": str(args.dataset), "version": data_version(args.dataset, settings, n_samples), "limit": args.limit,
+        "path": str(args.dataset), "version": data_version(args.dataset, settings, n_samples), "samples": n_samples,
+        "limit": args.limit,
         "splits": {s: {"prompts": len(splits[s]), "samples": sum(len(e.lengths) for e in splits[s])} for s in SPLITS},
     }
     result["settings"] = {"seeds": args.seeds, "threads": args.threads, "trail_layer": DEFAULT_TRAIL_LAYER, **fit}

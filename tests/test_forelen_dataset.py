@@ -31,6 +31,15 @@ def test_noise_floor_is_mae_to_each_prompts_median():
     assert noise_floor_mae(rows) == pytest.approx((10 + 0 + 40) / 3)
 
 
+def test_first_n_samples_is_a_prefix_snapshot():
+    from benchmarks.forelen.dataset import load_samples
+
+    everything = load_samples(FIXTURE)
+    assert load_samples(FIXTURE, first=5) == everything[:5]
+    test_rows = load_samples(FIXTURE, split="test", first=len(everything) // 2)
+    assert test_rows == [r for r in everything[: len(everything) // 2] if r["split"] == "test"]
+
+
 def test_datasheet_shape(tmp_path):
     sheet = write_datasheet(FIXTURE, tmp_path)
     on_disk = json.loads((tmp_path / "forelen_dataset.json").read_text())

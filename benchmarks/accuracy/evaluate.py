@@ -113,13 +113,13 @@ def score_variants(variants: dict[str, Variant], splits: dict[str, list[Example]
     return result
 
 
-def noise_floors(dataset: Path, scenarios: list[str]) -> tuple[dict, dict]:
+def noise_floors(dataset: Path, scenarios: list[str], first: int | None = None) -> tuple[dict, dict]:
     """Noise floor MAE per scenario from the test split, or from all splits where the test split
     has too few prompts sampled more than once; (values, where each came from)."""
     values, sources = {}, {}
     for name in scenarios:
         for split in ("test", None):
-            rows = load_samples(dataset, split=split, scenario=name)
+            rows = load_samples(dataset, split=split, scenario=name, first=first)
             counts = defaultdict(int)
             for r in rows:
                 counts[r["prompt_id"]] += 1

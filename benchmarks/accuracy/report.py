@@ -109,13 +109,14 @@ def markdown(result: dict) -> str:
     d = result["dataset"]
     splits = ", ".join(f"{k} {v['prompts']} prompts / {v['samples']} samples" for k, v in d["splits"].items())
     seeds = result["settings"]["seeds"]
+    rerun = f"python -m benchmarks.predictor_accuracy --samples {d['samples']}" + (f" --limit {d['limit']}" if d.get("limit") else "")
     lines = [
         "# Length predictor accuracy (the paper's Tables 2, 3, 6 and Figures 5, 6)",
         "",
         f"Dataset `{d['version']}`: {splits}{' (limited with --limit)' if d.get('limit') else ''}. "
         f"Heads trained on train, early-stopped on val, scored on test; metrics are means over {seeds} "
         f"training seed(s){' (± the seeds standard deviation of MAE)' if seeds > 1 else ''}. "
-        f"avg = unweighted mean over scenarios. Regenerate with `python -m benchmarks.predictor_accuracy`.",
+        f"avg = unweighted mean over scenarios. Regenerate with `{rerun}` (the first {d['samples']} samples built).",
         "",
         "## Table 2: MAE and RMSE (tokens) on the test split",
         "",

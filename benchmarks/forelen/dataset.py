@@ -8,10 +8,16 @@ from pathlib import Path
 from benchmarks.forelen.build import DEFAULT_OUT, META_FILE, SAMPLES_FILE
 
 
-def load_samples(root: Path = DEFAULT_OUT, split: str | None = None, scenario: str | None = None) -> list[dict]:
+def load_samples(root: Path = DEFAULT_OUT, split: str | None = None, scenario: str | None = None,
+                 first: int | None = None) -> list[dict]:
+    """Samples, optionally of one split/scenario. `first` keeps the first N samples built: the
+    builder only appends, so a prefix is a frozen snapshot that results on a still-growing
+    dataset can name and a rerun can reproduce."""
     rows = []
     with open(Path(root) / SAMPLES_FILE, encoding="utf-8") as fh:
-        for line in fh:
+        for n, line in enumerate(fh):
+            if first is not None and n >= first:
+                break
             try:
                 r = json.loads(line)
             except json.JSONDecodeError:
