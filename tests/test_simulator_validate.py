@@ -2,48 +2,17 @@
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from benchmarks.replay.records import write_records
-from benchmarks.replay.trace import TraceRequest
-from benchmarks.simulator.engine import EngineLimits
 from benchmarks.simulator.experiment import run
-from benchmarks.simulator.setup import Setup
 from benchmarks.simulator.step_time import StepTimeModel
 from benchmarks.simulator.validate import against_replay
-from deployments.config import StackConfig
-from router.length_bins import PoolBins
-
-POOLS = ["short", "medium", "long"]
-
-
-def _setup() -> Setup:
-    config = StackConfig.model_validate({
-        "pools": [{"name": p, "deployment": {"num_replicas": 1, "max_ongoing_requests": 4}} for p in POOLS],
-        "predictor": None,
-        "router": {"policy": "round_robin", "output_edges": [50, 200], "input_edges": [100, 250]},
-    })
-    return Setup(
-        config=config, model=StepTimeModel(const=0.02, decode_seqs=0.002, prefill_tokens=0.0002, kv_tokens=1e-6),
-        limits=EngineLimits(max_num_seqs=64, max_num_batched_tokens=512, kv_cache_tokens=20_000),
-        pool_bins=PoolBins(tuple(POOLS), (50.0, 200.0)), head_bins={"estp": None, "egtp": None},
-        predictions={"estp": {}, "egtp": {}}, calibration={"settings": {"cpus": 2}},
-    )
-
-
-def _trace(n=60, seed=0) -> list[TraceRequest]:
-    rng = np.random.default_rng(seed)
-    arrivals = np.cumsum(rng.exponential(0.3, n))
-    return [TraceRequest(request_id=f"r{i:05d}", arrival_s=float(t), prompt_id=f"p{i}", scenario="chat",
-                         messages=[{"role": "user", "content": "hi"}], max_tokens=1024,
-                         true_output_tokens=int(rng.integers(1, 400)), prompt_tokens=int(rng.integers(5, 300)))
-            for i, t in enumerate(arrivals)]
-
+from tests.sim_setup import tiny_setup, tiny_trace
 
 @pytest.mark.parametrize("mode", ["open", "batch"])
 def test_the_simulator_validated_against_its_own_records_shows_no_error(tmp_path, mode):
-    setup, trace = _setup(), _trace()
+    setup, trace = tiny_setup(), tiny_trace()
     records = run(setup, trace, "oracle", 3, mode, batch_size=4) + run(setup, trace, "round_robin", 3, mode, batch_size=4)
     write_records(tmp_path / "replay.jsonl", records)
     result = against_replay(setup, tmp_path / "replay.jsonl")
@@ -58,7 +27,7 @@ def test_the_simulator_validated_against_its_own_records_shows_no_error(tmp_path
 
 
 def test_the_fitted_slowdown_recovers_an_engine_twice_as_slow_as_calibrated(tmp_path):
-    setup, trace = _setup(), _trace()
+    setup, trace = tiny_setup(), tiny_trace()
     slow = StepTimeModel(**{k: 2 * v for k, v in setup.model.model_dump().items()})
     records = run(replace(setup, model=slow), trace, "oracle", 3, "open", batch_size=4)
     write_records(tmp_path / "replay.jsonl", records)

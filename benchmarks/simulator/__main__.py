@@ -4,9 +4,11 @@
   calibrate  measure a vLLM engine's step times, fit the step-time model (vLLM)
   measure    a small real engine replay to validate against (vLLM)
   run        validation against the real runs, the scale runs, simulator.{json,md,png}
+  sweep      routing gains vs predictor accuracy (a blurred oracle beside the heads),
+             simulator_accuracy_sweep.{json,md,png}
 
 predict, calibrate and measure run the real model: on a shared machine wrap them in the
-heavy-run lock. `run` only simulates.
+heavy-run lock. `run` and `sweep` only simulate.
 """
 
 from __future__ import annotations
@@ -98,6 +100,17 @@ def main() -> None:
     p.add_argument("--replay", type=Path, default=RESULTS / "replay_requests.jsonl")
     p.add_argument("--engine", type=Path, default=RESULTS / "simulator_engine_replay.json")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p = sub.add_parser("sweep", help="routing gains vs predictor accuracy -> simulator_accuracy_sweep.*")
+    p.add_argument("--replicas", type=int, default=100)
+    p.add_argument("--requests", type=int, default=100_000)
+    p.add_argument("--load", type=float, default=0.8)
+    p.add_argument("--modes", nargs="+", default=["open", "batch"], choices=["open", "batch"])
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--sizing", default="work", choices=["even", "work"])
+    p.add_argument("--noise", type=float, nargs="+", help="log-normal widths for the blurred oracle")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.command == "predict":
         from benchmarks.simulator.calibrate import stack_model
@@ -113,6 +126,14 @@ def main() -> None:
         from benchmarks.simulator.engine_replay import measure
 
         print(json.dumps(measure(n=args.requests, rate=args.rate, max_tokens=args.max_tokens)))
+    elif args.command == "sweep":
+        from benchmarks.simulator.setup import load_setup
+        from benchmarks.simulator.sweep import NOISE, sweep, write
+
+        result = sweep(load_setup(), args.replicas, args.requests, args.load, args.modes, args.batch_size, args.sizing,
+                       tuple(args.noise or NOISE), seed=args.seed, workers=args.workers)
+        write(result, args.out)
+        print(json.dumps({m: r["break_even_accuracy"] for m, r in result["modes"].items()}))
     else:
         _run(args)
 

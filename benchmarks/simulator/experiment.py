@@ -20,8 +20,9 @@ MODES = {"open": "continuous", "batch": "batch"}
 
 def run(setup: Setup, trace: list[TraceRequest], policy: str, replicas: int, mode: str = "open",
         batch_size: int = 8, seed: int = 0, load_rps: float | None = None, sizing: str = "even",
-        ) -> list[RequestRecord]:
-    """Simulate `trace` under `policy` on `replicas` replicas; one record per request."""
+        noise: float = 0.0) -> list[RequestRecord]:
+    """Simulate `trace` under `policy` on `replicas` replicas; one record per request. `noise`
+    blurs the oracle's lengths (see benchmarks.simulator.workload)."""
     config = setup.config
     head = head_for(policy)
     trace = sorted(trace, key=lambda r: r.arrival_s)
@@ -29,7 +30,8 @@ def run(setup: Setup, trace: list[TraceRequest], policy: str, replicas: int, mod
         trace = [r.model_copy(update={"arrival_s": 0.0}) for r in trace]
     workload = build_workload(
         trace, setup.predictions[head], setup.head_bins[head], setup.pool_bins,
-        config.predictor.max_prompt_tokens if config.predictor else 0, oracle=policy == "oracle",
+        config.predictor.max_prompt_tokens if config.predictor else 0, oracle=policy == "oracle", noise=noise,
+        seed=seed,
     )
     spec = setup.cluster(replicas, MODES[mode], batch_size, sizing)
     router = SimRouter(

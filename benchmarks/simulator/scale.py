@@ -60,34 +60,40 @@ def _init_worker(setup: Setup, n: int, rps_per_replica: float, split: str, seed:
     _WORKER.update(setup=setup, n=n, rps=rps_per_replica, split=split, seed=seed, traces={})
 
 
-def _one(job: tuple[str, int, str, str, int]) -> tuple[tuple, dict]:
-    sizing, r, mode, policy, batch_size = job
+def _one(job: tuple[str, int, str, str, int, float]) -> tuple[tuple, dict]:
+    sizing, r, mode, policy, batch_size, noise = job
     w = _WORKER
     if r not in w["traces"]:
         w["traces"][r] = build_trace(split=w["split"], n=w["n"], arrival="poisson", rate=w["rps"] * r, seed=w["seed"])
     start = time.perf_counter()
     records = run(w["setup"], w["traces"][r], policy, r, mode, batch_size, seed=w["seed"], load_rps=w["rps"] * r,
-                  sizing=sizing)
+                  sizing=sizing, noise=noise)
     summary = summarise(records, batch_size)
     summary["sim_wall_s"] = round(time.perf_counter() - start, 2)
     summary["fallback_share"] = sum(rec.routed_policy != policy for rec in records) / len(records)
     return job, summary
 
 
-def scale_runs(setup: Setup, replicas: list[int], n: int, rps_per_replica: float, modes: list[str],
-               batch_size: int, sizings: list[str], split: str = "test", seed: int = 0,
-               policies=POLICY_ORDER, workers: int = 2) -> dict:
-    """{sizing: {replicas: {mode: {"policies": {policy: metrics}, "gains": ...}}}}; runs in parallel
+def simulate_jobs(setup: Setup, jobs: list[tuple], n: int, rps_per_replica: float, split: str = "test",
+                  seed: int = 0, workers: int = 2) -> dict[tuple, dict]:
+    """Summaries of (sizing, replicas, mode, policy, batch_size, oracle noise) runs, in parallel
     processes, each its own seeded copy of every trace (identical across processes)."""
     from concurrent.futures import ProcessPoolExecutor
 
-    jobs = [(s, r, mode, p, batch_size) for r in replicas for s in sizings for mode in modes for p in policies]
-    results: dict = {}
     with ProcessPoolExecutor(workers, initializer=_init_worker,
                              initargs=(setup, n, rps_per_replica, split, seed)) as pool:
-        for (sizing, r, mode, policy, _), summary in tqdm(pool.map(_one, jobs), total=len(jobs), desc="simulate",
-                                                          unit="run"):
-            results.setdefault(sizing, {}).setdefault(str(r), {}).setdefault(mode, {})[policy] = summary
+        return dict(tqdm(pool.map(_one, jobs), total=len(jobs), desc="simulate", unit="run"))
+
+
+def scale_runs(setup: Setup, replicas: list[int], n: int, rps_per_replica: float, modes: list[str],
+               batch_size: int, sizings: list[str], split: str = "test", seed: int = 0,
+               policies=POLICY_ORDER, workers: int = 2) -> dict:
+    """{sizing: {replicas: {mode: {"policies": {policy: metrics}, "gains": ...}}}}"""
+    jobs = [(s, r, mode, p, batch_size, 0.0) for r in replicas for s in sizings for mode in modes for p in policies]
+    results: dict = {}
+    for (sizing, r, mode, policy, *_), summary in simulate_jobs(setup, jobs, n, rps_per_replica, split, seed,
+                                                                workers).items():
+        results.setdefault(sizing, {}).setdefault(str(r), {}).setdefault(mode, {})[policy] = summary
     for by_size in results.values():
         for by_mode in by_size.values():
             for mode, by_policy in by_mode.items():

@@ -4,7 +4,8 @@ The trace (benchmarks.replay.trace) gives arrivals, prompts and true lengths; th
 caches give the predictor's answer for each prompt, described (pool masses, capped expected
 length, `bin`) exactly as the prediction deployment describes it for the router. Prompts longer
 than the predictor's `max_prompt_tokens` get no prediction, as in the router, and the policy
-falls back.
+falls back. The oracle can be given noise (`noise` = sigma of a log-normal factor on each true
+length) to stand for a predictor of any accuracy between perfect and useless.
 """
 
 from __future__ import annotations
@@ -24,13 +25,23 @@ def head_for(policy: str) -> str:
     return HEAD_OF_POLICY.get(policy, "estp")
 
 
+def oracle_tokens(trace: list[TraceRequest], noise: float = 0.0, seed: int = 0) -> list[int]:
+    """What the oracle routes on: the true lengths, times a seeded log-normal factor of width `noise`."""
+    true = [r.true_output_tokens for r in trace]
+    if not noise:
+        return true
+    factor = np.exp(np.random.default_rng(seed).normal(0.0, noise, len(true)))
+    return [max(1, round(t * float(f))) for t, f in zip(true, factor)]
+
+
 def build_workload(
     trace: list[TraceRequest], predictions: dict[str, LengthPrediction], head_bins: LengthBins, pools: PoolBins,
-    max_prompt_tokens: int, oracle: bool,
+    max_prompt_tokens: int, oracle: bool, noise: float = 0.0, seed: int = 0,
 ) -> Workload:
     trace = sorted(trace, key=lambda r: r.arrival_s)
+    known = oracle_tokens(trace, noise, seed) if oracle else [None] * len(trace)
     jobs, described = [], {}  # resampled traces repeat prompts: describe each (prompt, cap) once
-    for r in trace:
+    for r, true_tokens in zip(trace, known):
         prediction, failure = None, None
         if r.prompt_tokens > max_prompt_tokens:
             failure = "prompt_too_long"
@@ -42,7 +53,7 @@ def build_workload(
                 described[key] = pools.describe(predictions[r.prompt_id], head_bins, r.max_tokens)
             prediction = described[key]
         jobs.append(Job(prompt_tokens=r.prompt_tokens, prediction=prediction, prediction_failure=failure,
-                        true_tokens=r.true_output_tokens if oracle else None))
+                        true_tokens=true_tokens))
     return Workload(
         arrival=np.array([r.arrival_s for r in trace], dtype=float),
         prompt_tokens=np.array([r.prompt_tokens for r in trace], dtype=np.int64),
