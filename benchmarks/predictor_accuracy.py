@@ -25,7 +25,8 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.accuracy import overhead, report
-from benchmarks.accuracy.evaluate import SPLITS, limit_examples, noise_floors, round_robin, score_variants
+from benchmarks.accuracy.evaluate import (SPLITS, limit_examples, noise_floors, round_robin, scenario_median,
+                                          score_variants)
 from benchmarks.accuracy.variants import VARIANTS, select
 from benchmarks.forelen.build import DEFAULT_OUT
 from benchmarks.forelen.dataset import load_samples
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = score_variants(variants, splits, cache, proxy, scenario, int(settings["max_tokens"]), args.seeds, **fit)
     floors, sources = noise_floors(args.dataset, sorted({scenario[e.prompt_id] for e in splits["test"]}),
                                    args.samples)
-    result.update(noise_floor_mae=floors, noise_floor_source=sources)
+    result.update(noise_floor_mae=floors, noise_floor_source=sources, scenario_median=scenario_median(splits, scenario))
     result["token_weights"] = token_weights(cache, tokenizer, _figure_prompts(splits["test"], scenario))
     n_samples = len(rows)
     result["dataset"] = {

@@ -40,7 +40,8 @@ def test_outputs_written(result):
     returned, out = result
     assert json.loads((out / "predictor_accuracy.json").read_text()) == json.loads(json.dumps(returned))
     text = (out / "predictor_accuracy.md").read_text()
-    for heading in ("Table 2", "Table 3", "Where ESTP does not beat EGTP", "Table 6", "Lambda", "Figure 5"):
+    for heading in ("Table 2", "scenario median (no prompt)", "Table 3", "Where ESTP does not beat EGTP", "Table 6",
+                    "Lambda", "Figure 5"):
         assert heading in text
     for plot in ("mae", "lambda", "weights"):
         assert (out / f"predictor_accuracy_{plot}.png").stat().st_size > 0
@@ -59,6 +60,7 @@ def test_json_shape_and_metric_sanity(result):
                 assert all(0 <= m[k] <= 1 for k in ("acc", "acc_short", "acc_medium", "acc_long") if m[k] is not None)
     assert set(r["noise_floor_mae"]) == {"longseq", "reasoning"}  # single-sample prompts: no floor
     assert all(v is None for v in r["noise_floor_mae"].values())
+    assert set(r["scenario_median"]) == {"longseq", "reasoning", "avg"}  # the prompt-free reference row
     assert r["dataset"]["splits"]["test"] == {"prompts": 2, "samples": 2}
     assert r["training"]["ltr_c"]["val_neg_spearman"] <= 1
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.accuracy.evaluate import limit_examples, match_quantiles, round_robin
+from benchmarks.accuracy.evaluate import limit_examples, match_quantiles, round_robin, scenario_median
 from benchmarks.accuracy.metrics import by_scenario, length_class, over_seeds, scores
 from benchmarks.accuracy.variants import VARIANTS, select
 from benchmarks.predictor_accuracy import _figure_prompts, _overhead_prompts
@@ -71,6 +71,16 @@ def test_limit_takes_whole_prompts_round_robin_over_scenarios():
     assert [e.prompt_id for e in round_robin(examples, scenario)] == ["chat/1", "rl/1", "chat/2", "rl/2"]
     assert [e.prompt_id for e in limit_examples(examples, 2, scenario)] == ["chat/1", "rl/1"]
     assert limit_examples(examples, None, scenario) is examples
+
+
+def test_scenario_median_predicts_each_scenarios_training_median():
+    scenario = {"a": "chat", "b": "chat", "c": "rl", "t1": "chat", "t2": "rl"}
+    splits = {"train": [Example("a", [1], [10, 30]), Example("b", [2], [20]), Example("c", [3], [100, 300])],
+              "test": [Example("t1", [4], [25]), Example("t2", [5], [150, 250])]}
+    m = scenario_median(splits, scenario)
+    assert m["chat"]["mae"] == pytest.approx(5)  # median 20
+    assert m["rl"]["mae"] == pytest.approx(50)  # median 200
+    assert m["avg"]["mae"] == pytest.approx(27.5)
 
 
 def test_select_expands_groups_and_rejects_unknown_names():

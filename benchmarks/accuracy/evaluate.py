@@ -95,6 +95,17 @@ def evaluate(variant: Variant, x: dict[str, torch.Tensor], splits: dict[str, lis
     return over_seeds(runs), {k: float(np.mean(v)) for k, v in val.items()}
 
 
+def scenario_median(splits: dict[str, list[Example]], scenario: dict[str, str]) -> dict:
+    """Test metrics of predicting each scenario's median training length, without looking at the
+    prompt: what a head must beat to have learned anything from the prefill."""
+    train, test = splits["train"], splits["test"]
+    medians = {name: np.median([x for e in train if scenario[e.prompt_id] == name for x in e.lengths])
+               for name in {scenario[e.prompt_id] for e in train}}
+    scenarios = per_sample([scenario[e.prompt_id] for e in test], test)
+    truth = np.array([length for e in test for length in e.lengths], dtype=float)
+    return by_scenario(np.array([medians[s] for s in scenarios]), truth, scenarios)
+
+
 def score_variants(variants: dict[str, Variant], splits: dict[str, list[Example]], cache: FeatureCache,
                    proxy: dict[str, torch.Tensor] | None, scenario: dict[str, str], max_tokens: int, seeds: int,
                    **fit) -> dict:

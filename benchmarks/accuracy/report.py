@@ -41,6 +41,8 @@ def _error_table(result: dict, group: dict[str, dict], first_column: str, floor_
                                                  for s in cols for key, _ in MAE_COLUMNS)]
             for name, m in group.items()]
     if floor_row:
+        reference = result["scenario_median"]
+        rows.append(["scenario median (no prompt)", *(_num(reference[s][key]) for s in cols for key, _ in MAE_COLUMNS)])
         floor = result["noise_floor_mae"]
         rows.append(["noise floor", *(_num(floor.get(s)) if key == "mae" else "" for s in cols for key, _ in MAE_COLUMNS)])
     return _table(header, rows)
@@ -96,6 +98,12 @@ def comparison(result: dict) -> list[str]:
     if best != "estp":
         lines.append(f"Lowest average MAE: {result['labels'][best]} ({_num(methods[best]['avg']['mae'])}), "
                      f"not ESTP ({_num(estp['avg']['mae'])}).")
+    reference = result["scenario_median"]["avg"]["mae"]
+    learned = [result["labels"][n] for n, m in methods.items() if m["avg"]["mae"] < reference]
+    lines.append(f"Predicting each scenario's median training length without reading the prompt gives an average "
+                 f"MAE of {_num(reference)}; " + (f"only {', '.join(learned)} beat{'s' if len(learned) == 1 else ''} it."
+                                                  if learned else "no method beats it: on this data none predicts "
+                                                  "better than a scenario's typical length."))
     floor = {s: v for s, v in result["noise_floor_mae"].items() if v is not None and s in estp}
     for s, v in floor.items():
         lines.append(f"On {s}, ESTP's MAE is {estp[s]['mae'] / v:.2f}x the noise floor ({_num(v)} tokens).")
