@@ -59,6 +59,13 @@ def _current_rows(name: str) -> list[dict]:
     return [r for r in rows if r["checkpoint"] == current]
 
 
+def prune_stale(name: str) -> None:
+    """Drop the entries of earlier checkpoints: a retrained head makes them dead weight in the repo."""
+    path, rows = cache_path(name), _current_rows(name)
+    if path.exists() and len(rows) != sum(1 for line in path.read_text().splitlines() if line.strip()):
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def load_cache(name: str) -> dict[str, LengthPrediction]:
     """prompt_id -> prediction of the current checkpoint."""
     return {r["prompt_id"]: LengthPrediction(**r["prediction"]) for r in _current_rows(name)}
@@ -84,6 +91,7 @@ def predict_all(max_prompt_tokens: int, batch: int = 32, threads: int = 2) -> di
     model = None
     added = {}
     for name in CHECKPOINTS:
+        prune_stale(name)
         done = {(r["prompt_id"], r["ids"]) for r in _current_rows(name)}
         todo = [pid for pid in ids if (pid, ids_hash(ids[pid])) not in done]
         added[name] = len(todo)

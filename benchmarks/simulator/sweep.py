@@ -75,6 +75,15 @@ def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:+.1f}%"
 
 
+def _break_even_text(points: list[dict], baseline: str, value: float | None) -> str:
+    if value is not None:
+        return f"{value:.0%}"
+    gains = [p["gains"][baseline]["jct_mean_reduction"] for p in points if p["policy"] == "oracle"]
+    if all(g > 0 for g in gains):
+        return "ahead at every accuracy swept"
+    return "behind at every accuracy swept" if all(g <= 0 for g in gains) else "no upward crossing"
+
+
 def markdown(result: dict, figure: str) -> str:
     lines = [
         "# How accurate must the predictor be? (simulated)", "",
@@ -101,7 +110,7 @@ def markdown(result: dict, figure: str) -> str:
         be = m["break_even_accuracy"]
         heads = {p["label"]: p["pool_accuracy"] for p in m["points"] if p["label"] in HEADS}
         lines += ["", "Break-even pool accuracy (blurred oracle's mean JCT equal to the baseline's): "
-                  + ", ".join(f"vs {b} {'no upward crossing in the sweep' if v is None else f'{v:.0%}'}" for b, v in be.items())
+                  + ", ".join(f"vs {b} {_break_even_text(m['points'], b, v)}" for b, v in be.items())
                   + "; the heads have " + ", ".join(f"{h} {'-' if a is None else f'{a:.0%}'}" for h, a in heads.items())
                   + ".", ""]
     return "\n".join(lines + [f"![{figure}]({figure})", ""])
