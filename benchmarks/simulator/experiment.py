@@ -30,8 +30,7 @@ def run(setup: Setup, trace: list[TraceRequest], policy: str, replicas: int, mod
         trace = [r.model_copy(update={"arrival_s": 0.0}) for r in trace]
     workload = build_workload(
         trace, setup.predictions[head], setup.head_bins[head], setup.pool_bins,
-        config.predictor.max_prompt_tokens if config.predictor else 0, oracle=policy == "oracle", noise=noise,
-        seed=seed,
+        setup.max_prompt_tokens, oracle=policy == "oracle", noise=noise, seed=seed,
     )
     spec = setup.cluster(replicas, MODES[mode], batch_size, sizing)
     router = SimRouter(

@@ -36,6 +36,11 @@ class Setup:
     def pools(self) -> list[str]:
         return [p.name for p in self.config.pools]
 
+    @property
+    def max_prompt_tokens(self) -> int:
+        """Longer prompts get no prediction (the router's predictor.max_prompt_tokens); 0 without a predictor."""
+        return self.config.predictor.max_prompt_tokens if self.config.predictor else 0
+
     def prediction_quality(self, split: str = "test") -> dict:
         """Per head on `split`: MAE of the expected length and how often its pool (`bin`) is the
         true length's pool; the predictions the simulator routes on, judged where the heads

@@ -29,8 +29,7 @@ def pool_accuracy(setup: Setup, trace, policy: str, noise: float, seed: int) -> 
     true length's pool, computed from the very jobs the simulator routes."""
     head = head_for(policy)
     trace = sorted(trace, key=lambda r: r.arrival_s)
-    max_prompt = setup.config.predictor.max_prompt_tokens if setup.config.predictor else 0
-    jobs = build_workload(trace, setup.predictions[head], setup.head_bins[head], setup.pool_bins, max_prompt,
+    jobs = build_workload(trace, setup.predictions[head], setup.head_bins[head], setup.pool_bins, setup.max_prompt_tokens,
                           oracle=policy == "oracle", noise=noise, seed=seed).jobs
     pool_of = setup.pool_bins.pool_of
     hits = [(pool_of(j.true_tokens) if policy == "oracle" else j.prediction["bin"]) == pool_of(r.true_output_tokens)
