@@ -29,8 +29,8 @@ def pool_accuracy(setup: Setup, trace, policy: str, noise: float, seed: int) -> 
     true length's pool, computed from the very jobs the simulator routes."""
     head = head_for(policy)
     trace = sorted(trace, key=lambda r: r.arrival_s)
-    jobs = build_workload(trace, setup.predictions[head], setup.head_bins[head], setup.pool_bins, setup.max_prompt_tokens,
-                          oracle=policy == "oracle", noise=noise, seed=seed).jobs
+    jobs = build_workload(trace, setup.predictions[head], setup.head_bins[head], setup.pool_bins,
+                          setup.max_prompt_tokens, oracle=policy == "oracle", noise=noise, seed=seed).jobs
     pool_of = setup.pool_bins.pool_of
     hits = [(pool_of(j.true_tokens) if policy == "oracle" else j.prediction["bin"]) == pool_of(r.true_output_tokens)
             for j, r in zip(jobs, trace) if policy == "oracle" or j.prediction is not None]
