@@ -35,7 +35,8 @@ from benchmarks.replay.trace import TraceRequest
 log = logging.getLogger(__name__)
 START_LEAD_S = 2.0  # actors on other nodes get the trace before its first arrival
 PLAN_CONCURRENCY = 2  # a full predictor batch of long prompts on a busy CPU outlasts its 5 s timeout
-PLAN_ATTEMPTS = 3
+PLAN_ATTEMPTS = 5
+PLAN_BACKOFF_S = 2.0  # doubled per retry: a timed-out prediction keeps the predictor busy a while
 
 
 class LostRequests(RuntimeError):
@@ -168,6 +169,7 @@ async def plan_pools(base_url: str, trace: list[TraceRequest], policy: str, mode
                 if r.status_code != 503 or attempt == PLAN_ATTEMPTS - 1:
                     r.raise_for_status()
                     return r.json()["routing"]["pool"]
+                await asyncio.sleep(PLAN_BACKOFF_S * 2**attempt)
 
         pools = await asyncio.gather(*map(one, trace))
     return {req.request_id: pool for req, pool in zip(trace, pools)}
