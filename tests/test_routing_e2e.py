@@ -21,7 +21,7 @@ pytestmark = pytest.mark.stack
 
 POOLS = ["short", "medium", "long"]
 SHORT = "Say hi."
-# Math word problems: the provisional ESTP head gives them the most mass above the medium edge.
+# Math word problems: the ESTP head gives them the most mass above the medium edge.
 LONG_CANDIDATES = [
     "Monica tosses a fair 6-sided die. If the roll is a prime number, she wins that amount of dollars. "
     "If the roll is composite, she wins nothing. Otherwise she loses 3 dollars. What is the expected "
