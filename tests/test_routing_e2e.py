@@ -1,6 +1,6 @@
 """Length-aware routing end to end, on the default stack from ray_config.yaml (policy estp).
 
-Which prompts the provisional checkpoint calls short or long is its own business, so tests that
+Which prompts the checkpoint calls short or long is its own business, so tests that
 need both ask /v1/length first and pick their prompts from the answers. The predictor-kill test
 runs last in this file: it leaves the stack serving, and waits until the predictor is back.
 """
