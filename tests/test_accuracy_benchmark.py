@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from benchmarks import predictor_accuracy
+from tests import FORELEN_TINY as FIXTURE
 
 torch.set_num_threads(1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-FIXTURE = Path(__file__).parent / "fixtures" / "forelen_tiny"
 MODEL_DIR = Path(__file__).parent.parent / "models" / "SmolLM2-135M-Instruct"
 pytestmark = pytest.mark.skipif(not MODEL_DIR.is_dir(), reason="converted model folder missing")
 METHODS = ["estp", "egtp", "ltr_c", "estp_no_debias", "estp_lam0.5", "estp_lam1"]

@@ -6,8 +6,8 @@ import pytest
 
 from benchmarks.forelen.datasheet import noise_floor_mae, write_datasheet
 from benchmarks.forelen.sources import select_prompts
+from tests import FORELEN_TINY as FIXTURE
 
-FIXTURE = __import__("pathlib").Path(__file__).parent / "fixtures" / "forelen_tiny"
 
 
 def test_selection_is_seeded_balanced_and_split_by_prompt():

@@ -11,12 +11,10 @@ import pytest
 from benchmarks.replay.actors import account, replay, spawn_actors
 from benchmarks.replay.metrics import summarise
 from benchmarks.replay.trace import build_trace
+from tests import FORELEN_TINY as TINY  # fixed short prompts: predictions well inside the timeout
 
 pytestmark = pytest.mark.stack
 POOLS = {"short", "medium", "long"}
-# The committed fixture, not the growing dataset: the same short prompts on every run, so the
-# predictor answers well inside its timeout even on a busy 2-core machine.
-TINY = Path(__file__).parent / "fixtures" / "forelen_tiny"
 
 
 @pytest.fixture(scope="module")

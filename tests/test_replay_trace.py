@@ -1,13 +1,12 @@
 """Replay traces: seeded, rate-scaled, and carrying the dataset's true lengths."""
 
 import random
-from pathlib import Path
 
 import pytest
 
 from benchmarks.replay.trace import arrival_times, build_trace, read_trace, trace_gaps, write_trace
+from tests import FORELEN_TINY as TINY
 
-TINY = Path(__file__).parent / "fixtures" / "forelen_tiny"
 
 
 def test_same_seed_same_trace_and_other_seed_differs():
