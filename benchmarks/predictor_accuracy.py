@@ -29,7 +29,7 @@ from benchmarks.accuracy.evaluate import (SPLITS, limit_examples, noise_floors, 
                                           score_variants)
 from benchmarks.accuracy.variants import VARIANTS, select
 from benchmarks.forelen.build import DEFAULT_OUT
-from benchmarks.forelen.dataset import load_samples
+from predictor.dataset import load_samples
 from benchmarks.forelen.datasheet import RESULTS
 from predictor.estimator import LengthEstimator
 from predictor.features import FeatureConfig
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
         # Last: the memory probe changes how the C allocator returns memory for the rest of the process.
         head, meta, _ = train_method(cache, splits, settings, VARIANTS["estp"].recipe, model_hash=model_hash,
                                      dataset_dir=args.dataset, **fit)
-        estimator = LengthEstimator(model, tokenizer, head, meta, max_batch_tokens=args.max_batch_tokens)
+        estimator = LengthEstimator(model, tokenizer, {"estp": (head, meta)}, max_batch_tokens=args.max_batch_tokens)
         prompts = _overhead_prompts(splits, scenario)
         result["overhead"] = overhead.measure(estimator, prompts, (1, len(prompts)), args.repeats)
 

@@ -25,16 +25,17 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.forelen.dataset import load_samples
+from benchmarks.forelen.build import DEFAULT_OUT
+from predictor.dataset import load_samples
 from deployments.config import DEFAULT_CHECKPOINTS
-from deployments.model_files import DEFAULT_MODEL_DIR
+from predictor.model_files import DEFAULT_MODEL_DIR
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _prompts(n: int, max_prompt_tokens: int) -> list[str]:
     """Distinct test-split prompts, spread over the prompt lengths up to `max_prompt_tokens`."""
-    unique = {r["prompt_id"]: r for r in load_samples(split="test") if r["prompt_tokens"] <= max_prompt_tokens}
+    unique = {r["prompt_id"]: r for r in load_samples(DEFAULT_OUT, split="test") if r["prompt_tokens"] <= max_prompt_tokens}
     rows = sorted(unique.values(), key=lambda r: r["prompt_tokens"])
     step = max(1, len(rows) // n)
     return [r["prompt"] for r in rows[::step][:n]]

@@ -9,11 +9,11 @@ from ray.serve import Application
 
 from deployments.config import PredictorSpec, StackConfig
 from deployments.engine_pool import build_pool
-from deployments.model_files import model_weights_hash, resolve_model_source
 from deployments.predictor_deployment import LengthPredictor
 from predictor.checkpoint import CheckpointMeta, load_checkpoint
+from predictor.model_files import model_weights_hash, resolve_model_source
 from router.ingress import Router
-from router.length_bins import PoolBins
+from router.length_bins import PoolBins, training_quantile
 
 
 def _checkpoint_meta(path: Path, model_path: str) -> CheckpointMeta:
@@ -28,16 +28,17 @@ def _checkpoint_meta(path: Path, model_path: str) -> CheckpointMeta:
     return meta
 
 
-def _build_predictor(spec: PredictorSpec, checkpoints: dict[str, Path], model_path: str, bins: PoolBins):
+def _build_predictor(spec: PredictorSpec, checkpoints: dict[str, Path], model_path: str):
     options = {**spec.deployment, "name": "length-predictor"}
     # Below the batch size, Serve would never let a batch fill (its default is 5 per replica).
     options.setdefault("max_ongoing_requests", 4 * spec.max_batch_size)
     if spec.gpus:
         options["ray_actor_options"] = {**options.get("ray_actor_options", {}), "num_gpus": spec.gpus}
     return LengthPredictor.options(**options).bind(
-        model_path=model_path, checkpoints={name: str(path) for name, path in checkpoints.items()}, pools=asdict(bins),
-        device="cuda" if spec.gpus else "cpu", max_batch_size=spec.max_batch_size,
+        model_path=model_path, checkpoints={name: str(path) for name, path in checkpoints.items()},
+        device="cuda" if spec.gpus else "cpu", dtype=spec.dtype, max_batch_size=spec.max_batch_size,
         batch_wait_timeout_s=spec.batch_wait_timeout_s, max_batch_tokens=spec.max_batch_tokens,
+        max_prompt_tokens=spec.max_prompt_tokens,
     )
 
 
@@ -45,14 +46,16 @@ def build_app(args: dict) -> Application:
     config = StackConfig.model_validate(args or {})
     model_path = resolve_model_source(config.model.source)
     names = [pool.name for pool in config.pools]
-    predictor, predictor_name, heads, edges = None, None, [], config.router.output_edges
+    predictor, predictor_name, head_bins, edges, median = None, None, {}, config.router.output_edges, None
     if config.predictor is not None:
         checkpoints = config.predictor.heads(config.router.policy, every_predicted=config.router.benchmark_headers)
+        metas = {name: _checkpoint_meta(path, model_path) for name, path in checkpoints.items()}
         # The first head names the predictor and, by default, sets the pools' output edges.
-        meta, *_ = [_checkpoint_meta(path, model_path) for path in checkpoints.values()]
-        bins = PoolBins(tuple(names), tuple(edges)) if edges is not None else PoolBins.from_quantiles(names, meta.bins)
-        predictor = _build_predictor(config.predictor, checkpoints, model_path, bins)
-        predictor_name, heads = meta.pooling.method, list(checkpoints)
+        first = next(iter(metas.values()))
+        bins = PoolBins(tuple(names), tuple(edges)) if edges is not None else PoolBins.from_quantiles(names, first.bins)
+        predictor = _build_predictor(config.predictor, checkpoints, model_path)
+        predictor_name, median = first.pooling.method, training_quantile(first.bins, 0.5)
+        head_bins = {name: meta.bins.model_dump() for name, meta in metas.items()}
     else:
         bins = PoolBins(tuple(names), tuple(edges or ()))
     pools = {pool.name: build_pool(config.model, pool, config.router.shortest_first) for pool in config.pools}
@@ -60,7 +63,9 @@ def build_app(args: dict) -> Application:
         "model_path": model_path,
         "output_bins": asdict(bins),
         "predictor_name": predictor_name,
-        "predictor_heads": heads,  # the router's default first
+        "head_bins": head_bins,  # the router's default head first
+        "predictor_concurrency": config.predictor.concurrency() if config.predictor else 0,
+        "queue_order": asdict(config.router.queue.order(median)),
         "capacities": {pool.name: pool.saturation() for pool in config.pools},
         "replicas": {pool.name: pool.replicas() for pool in config.pools},
     }

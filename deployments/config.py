@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from router.policies import POLICIES, PREDICTED
+from router.admission import QueueOrder
+from router.policies import HEADS, KNOWN_LENGTH, POLICIES, PREDICTED, head_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CHECKPOINTS = REPO_ROOT / "predictor" / "checkpoints"
@@ -90,27 +91,71 @@ class PredictorSpec(_Strict):
     batch_wait_timeout_s: float = Field(0.01, ge=0, description="how long a batch waits to fill")
     max_batch_tokens: int = Field(4096, gt=0, description="padded tokens per prefill micro-batch (memory)")
     gpus: float = Field(0, ge=0, description="fractional GPU per replica on GPU nodes (then it runs on cuda)")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="the predictor's copy of the weights: float32 on CPUs without native bf16 "
+        "(3-4x faster there), bfloat16 on GPUs (half the memory)",
+    )
+    predict: Literal["waiting", "all"] = Field(
+        "waiting", description="work policies: predict only requests that wait for a slot (their rank), or "
+        "every request, those dispatched at once off their path (live quality, replica work estimates)",
+    )
+    max_concurrent: int | None = Field(
+        None, gt=0, description="predictions in flight from one router replica; null: one full batch per "
+        "predictor replica, so the predictor never falls behind",
+    )
     deployment: dict[str, Any] = Field(
         default_factory=lambda: {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.2}},
         description="Ray Serve deployment options of the predictor",
     )
 
+    def concurrency(self) -> int:
+        replicas = self.deployment.get("num_replicas", 1)
+        return self.max_concurrent or self.max_batch_size * (replicas if isinstance(replicas, int) else 1)
+
     def checkpoint_path(self, policy: str) -> Path:
         if self.checkpoint is not None:
             return REPO_ROOT / self.checkpoint
-        return DEFAULT_CHECKPOINTS / (policy if policy in PREDICTED else "estp") / "head"
+        return DEFAULT_CHECKPOINTS / (head_of(policy) or "estp") / "head"
 
     def heads(self, policy: str, every_predicted: bool) -> dict[str, Path]:
-        """Head checkpoints by the policy that reads them; the configured policy's comes first.
+        """Head checkpoints by name; the configured policy's head comes first.
 
-        `every_predicted` (benchmark headers on) adds the default head of every other predicted
-        policy, so ESTP and EGTP can be compared in one run from one shared prefill.
+        `every_predicted` (benchmark headers on) adds every other head, so ESTP and EGTP policies
+        can be compared in one run from one shared prefill.
         """
-        first = policy if policy in PREDICTED else "estp"
+        first = head_of(policy) or "estp"
         heads = {first: self.checkpoint_path(policy)}
-        for other in sorted(PREDICTED - {first}) if every_predicted else ():
+        for other in sorted(HEADS - {first}) if every_predicted else ():
             heads[other] = DEFAULT_CHECKPOINTS / other / "head"
         return heads
+
+
+class QueueSpec(_Strict):
+    """The router's admission queue per pool (router.admission): where requests wait for a slot."""
+
+    max_waiting: int = Field(256, gt=0, description="waiting requests per pool; beyond, 429 with Retry-After")
+    max_overtake_s: float = Field(
+        60.0, ge=0, description="aging bound: no request is passed by one that arrived this much later; "
+        "0: FIFO; larger: closer to pure shortest-first",
+    )
+    horizon_tokens: float = Field(1024, gt=0, description="lengths beyond this rank alike")
+    prior_tokens: float | None = Field(
+        None, gt=0, description="rank of a request without a prediction (yet); null: the default head's "
+        "median training length (256 without a predictor)",
+    )
+
+    def order(self, median_tokens: float | None) -> QueueOrder:
+        prior = self.prior_tokens or median_tokens or 256.0
+        return QueueOrder(max_overtake_s=self.max_overtake_s, horizon_tokens=self.horizon_tokens, prior_tokens=prior)
+
+
+class LiveQualitySpec(_Strict):
+    """When the router stops trusting the predictor (router.live_quality)."""
+
+    window: int = Field(200, gt=1, description="completed requests scored")
+    floor: float = Field(0.55, ge=0, le=1, description="rank concordance below which the router goes length-blind")
+    margin: float = Field(0.03, ge=0, description="how far above the floor it must recover to be trusted again")
+    min_samples: int = Field(50, gt=1, description="no switch before this many scored requests")
 
 
 class RouterSpec(_Strict):
@@ -126,8 +171,14 @@ class RouterSpec(_Strict):
         None, description="prompt-token edges between pools (len(pools) - 1) for input_length",
     )
     shortest_first: bool = Field(
-        True, description="vLLM priority scheduling inside each pool, priority = predicted tokens",
+        True, description="rank waiting requests by length (the router's queue and vLLM's priority); "
+        "false: FIFO for every policy",
     )
+    rank_by: Literal["mean", "p50", "p90"] = Field(
+        "mean", description="which statistic of the predicted distribution a request ranks by",
+    )
+    queue: QueueSpec = Field(default_factory=QueueSpec)
+    live_quality: LiveQualitySpec = Field(default_factory=LiveQualitySpec)
     spillover: bool = Field(True, description="send to a neighbour pool when the chosen one is saturated")
     benchmark_headers: bool = Field(
         False, description="benchmarks only: honour X-Routing-Policy (any policy, per request) and trust "
@@ -158,8 +209,8 @@ class StackConfig(_Strict):
         router, edges_needed = self.router, len(self.pools) - 1
         if router.policy in PREDICTED and self.predictor is None:
             raise ValueError(f"policy {router.policy!r} needs the predictor; it is disabled (predictor: null)")
-        if router.policy == "oracle" and not router.benchmark_headers:
-            raise ValueError("policy 'oracle' reads X-True-Output-Tokens: set router.benchmark_headers: true")
+        if router.policy in KNOWN_LENGTH and not router.benchmark_headers:
+            raise ValueError(f"policy {router.policy!r} reads X-True-Output-Tokens: set router.benchmark_headers: true")
         for field in ("output_edges", "input_edges"):
             edges = getattr(router, field)
             if edges is not None and len(edges) != edges_needed:

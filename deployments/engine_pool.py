@@ -11,7 +11,7 @@ import os
 from ray.serve.llm import LLMConfig, build_llm_deployment
 
 from deployments.config import ModelSpec, PoolSpec
-from deployments.model_files import resolve_model_source
+from predictor.model_files import resolve_model_source
 
 # vLLM's engine process inherits these from the replica; they keep the engine off any model hub.
 _ENGINE_ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1"}
@@ -57,6 +57,11 @@ def llm_config(model: ModelSpec, pool: PoolSpec, priority_scheduling: bool) -> L
     deployment = {"name": pool.name, **pool.deployment}
     # The replica actor itself only relays requests to its engine process: a sliver of a CPU.
     deployment.setdefault("ray_actor_options", {}).setdefault("num_cpus", 0.05)
+    # Ray's power of two choices, reporting where each request went (router.replica_router).
+    deployment["request_router_config"] = {
+        "request_router_class": "router.replica_router:LedgerRequestRouter",
+        "request_router_kwargs": {"pool": pool.name},
+    }
     return LLMConfig(
         model_loading_config={
             "model_id": model.id,

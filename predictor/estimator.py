@@ -1,8 +1,12 @@
-"""Inference entry point: prompts -> prefill features -> pooling -> head -> LengthPrediction.
+"""Inference entry point: prompts -> one prefill -> every head's pooling and distribution.
 
 Kept free of Ray and serving code so the prediction deployment, the benchmarks and the tests all
-call the same object. Prompts are grouped by length into micro-batches under a padded-token
-budget, so peak memory is bounded by the budget, not by how many or how long the prompts are.
+call the same object. Several heads (ESTP and EGTP, for runs that compare them) share one
+prefill: features are extracted once, for the union of what the heads read, and only the cheap
+pooling and head run per head. Prompts are grouped by length into micro-batches under a
+padded-token budget, so peak memory is bounded by the budget, not by how many or how long the
+prompts are. A bad prompt (empty, ids outside the vocabulary, beyond the length limit) fails
+alone (`predict_each`), never the batch it shares.
 """
 
 from __future__ import annotations
@@ -13,15 +17,20 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from deployments.model_files import model_weights_hash
 from predictor.checkpoint import CheckpointMeta, load_checkpoint
-from predictor.features import FeatureConfig, extract_features, micro_batches, pad_left
+from predictor.features import FeatureConfig, check_supported, extract_features, micro_batches, pad_left
 from predictor.head import LengthHead, LengthPrediction, summarise
+from predictor.model_files import model_weights_hash
 from predictor.pooling import pool
 
 # A prompt is token ids (already templated, as the engine sees them), a raw user message (wrapped
 # in the chat template with the generation prompt, as the dataset was generated), or chat messages.
 Prompt = list[int] | str | list[dict]
+Heads = dict[str, tuple[LengthHead, CheckpointMeta]]
+
+
+class InvalidPrompt(ValueError):
+    """This prompt cannot be predicted; the others of its batch still are."""
 
 
 def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
@@ -32,50 +41,95 @@ def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
     return list(prompt)
 
 
+def shared_features(metas: list[CheckpointMeta]) -> FeatureConfig:
+    """One extraction that serves every head, or an error when they read different layers."""
+    layers = {m.feature_layer for m in metas}
+    if len(layers) > 1:
+        raise ValueError(f"predictor heads read different feature layers {sorted(layers)}: one prefill cannot serve them")
+    needs = [m.pooling.needs() for m in metas]
+    debias = {m.debias for m, (_, attention) in zip(metas, needs) if attention}
+    if len(debias) > 1:
+        raise ValueError("predictor heads disagree on attention debiasing: one prefill cannot serve them")
+    return FeatureConfig(
+        layer=metas[0].feature_layer, entropy=any(e for e, _ in needs), attention=any(a for _, a in needs),
+        debias=debias.pop() if debias else metas[0].debias,
+    )
+
+
 class LengthEstimator:
-    def __init__(
-        self,
-        model: nn.Module,
-        tokenizer,
-        head: LengthHead,
-        meta: CheckpointMeta,
-        max_batch_tokens: int = 4096,
-        max_batch_size: int = 32,
-    ):
-        entropy, attention = meta.pooling.needs()
+    """The serving model's weights plus one or more trained heads; the first head is the default."""
+
+    def __init__(self, model: nn.Module, tokenizer, heads: Heads, max_batch_tokens: int = 4096,
+                 max_batch_size: int = 32, max_prompt_tokens: int | None = None):
+        device = next(model.parameters()).device
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.head = head.to(next(model.parameters()).device).eval()
-        self.meta = meta
-        self.features = FeatureConfig(layer=meta.feature_layer, entropy=entropy, attention=attention, debias=meta.debias)
+        self.heads = {name: (head.to(device).eval(), meta) for name, (head, meta) in heads.items()}
+        self.default = next(iter(self.heads))
+        self.features = shared_features([meta for _, meta in self.heads.values()])
+        check_supported(self.model, self.features)
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
+        self.max_prompt_tokens = max_prompt_tokens
+        self.vocab_size = model.get_input_embeddings().num_embeddings
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     @classmethod
     def load(
-        cls, model_path: str | os.PathLike, checkpoint_path: str | os.PathLike, device: str = "cpu", **kwargs
+        cls, model_path: str | os.PathLike, checkpoints: str | os.PathLike | dict[str, str | os.PathLike],
+        device: str = "cpu", dtype: torch.dtype = torch.float32, **kwargs,
     ) -> "LengthEstimator":
-        """Load the serving model's weights from `model_path`; refuses a head trained on other weights."""
+        """Load the serving model's weights from `model_path` and the heads (name -> checkpoint, or
+        one checkpoint path); refuses a head trained on other weights."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        head, meta = load_checkpoint(checkpoint_path, expected_base_model_hash=model_weights_hash(model_path))
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
-        return cls(model, AutoTokenizer.from_pretrained(model_path), head, meta, **kwargs)
+        if not isinstance(checkpoints, dict):
+            checkpoints = {"default": checkpoints}
+        weights = model_weights_hash(model_path)
+        heads = {name: load_checkpoint(path, expected_base_model_hash=weights) for name, path in checkpoints.items()}
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
+        return cls(model, AutoTokenizer.from_pretrained(model_path), heads, **kwargs)
 
     def encode(self, prompt: Prompt) -> list[int]:
         return encode_prompt(self.tokenizer, prompt)
 
+    def validate(self, ids: list[int]) -> None:
+        if not ids:
+            raise InvalidPrompt("empty prompt")
+        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+            raise InvalidPrompt(f"{len(ids)} prompt tokens > {self.max_prompt_tokens}")
+        bad = next((i for i in ids if not (isinstance(i, int) and 0 <= i < self.vocab_size)), None)
+        if bad is not None:
+            raise InvalidPrompt(f"token id {bad!r} outside the vocabulary (0..{self.vocab_size - 1})")
+
     @torch.no_grad()
-    def predict(self, prompts: Sequence[Prompt]) -> list[LengthPrediction]:
-        ids = [self.encode(p) for p in prompts]
-        if any(len(s) == 0 for s in ids):
-            raise ValueError("empty prompt")
-        results: list[LengthPrediction | None] = [None] * len(ids)
-        for group in micro_batches([len(s) for s in ids], self.max_batch_tokens, self.max_batch_size):
-            input_ids, mask = pad_left([ids[i] for i in group], self.pad_id)
+    def predict_each(self, ids: list[list[int]]) -> list[dict[str, LengthPrediction] | InvalidPrompt]:
+        """Per prompt, every head's prediction, or the reason it cannot be predicted."""
+        results: list = [None] * len(ids)
+        valid = []
+        for i, seq in enumerate(ids):
+            try:
+                self.validate(seq)
+                valid.append(i)
+            except InvalidPrompt as e:
+                results[i] = e
+        for group in micro_batches([len(ids[i]) for i in valid], self.max_batch_tokens, self.max_batch_size):
+            members = [valid[g] for g in group]
+            input_ids, mask = pad_left([ids[i] for i in members], self.pad_id)
             features = extract_features(self.model, input_ids, mask, self.features)
-            probs = torch.softmax(self.head(pool(features, self.meta.pooling)), dim=-1)
-            for i, prediction in zip(group, summarise(probs, self.meta.bins)):
-                results[i] = prediction
+            for i in members:
+                results[i] = {}
+            for name, (head, meta) in self.heads.items():
+                probs = torch.softmax(head(pool(features, meta.pooling)), dim=-1)
+                for i, prediction in zip(members, summarise(probs, meta.bins)):
+                    results[i][name] = prediction
         return results
+
+    def predict(self, prompts: Sequence[Prompt]) -> list[LengthPrediction]:
+        """The default head's predictions (offline use): any invalid prompt raises."""
+        out = []
+        for result in self.predict_each([self.encode(p) for p in prompts]):
+            if isinstance(result, InvalidPrompt):
+                raise result
+            out.append(result[self.default])
+        return out

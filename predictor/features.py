@@ -125,8 +125,6 @@ def _attention_received(
     neither queries nor is attended to) and skips work on padding; only the causal mask remains.
     Query rows go in blocks sized to `block_elems`, so memory does not grow with T^2.
     """
-    if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
-        raise NotImplementedError("attention with q/k norms (e.g. Qwen3) is not supported yet")
     n_heads = attn.config.num_attention_heads
     head_dim, groups, scale = attn.head_dim, attn.num_key_value_groups, attn.scaling
     received = torch.zeros(mask.shape, dtype=torch.float32, device=x.device)
@@ -152,6 +150,26 @@ def _attention_received(
             total[:q1] += (probs * not_self).sum(dim=(0, 1))
         received[row, keep] = total / n_heads
     return received
+
+
+def check_supported(model: nn.Module, config: FeatureConfig) -> None:
+    """Raise at load time, not at the first prediction, if the model's attention cannot be recomputed.
+
+    The received attention is rebuilt from the last layer's q_proj/k_proj and rotary angles
+    (Llama, Qwen2, Mistral style); q/k norms (e.g. Qwen3) would change the scores unseen.
+    """
+    if not config.attention:
+        return
+    attn = model.base_model.layers[-1].self_attn
+    if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
+        raise NotImplementedError(
+            f"{type(attn).__name__} has q/k norms (e.g. Qwen3): ESTP's attention features are not supported "
+            "for it yet; use a head that reads no attention (egtp, avg, last)")
+    missing = [name for name in ("q_proj", "k_proj", "head_dim", "num_key_value_groups", "scaling")
+               if not hasattr(attn, name)]
+    if missing:
+        raise NotImplementedError(f"{type(attn).__name__} lacks {missing}: its attention cannot be recomputed")
+    _resolve_layer(config.layer, len(model.base_model.layers))
 
 
 def _resolve_layer(index: int, num_layers: int) -> int:

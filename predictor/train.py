@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from benchmarks.forelen.dataset import load_meta, load_samples
-from deployments.model_files import model_weights_hash
+from predictor.dataset import load_meta, load_samples
+from predictor.model_files import model_weights_hash
 from predictor.checkpoint import CheckpointMeta, save_checkpoint
 from predictor.estimator import encode_prompt
 from predictor.features import FeatureConfig, PrefillFeatures, extract_features, micro_batches, pad_left, receiver_counts
@@ -246,7 +246,7 @@ def open_dataset(model: str, dataset_dir: Path, needed: tuple[str, ...] = ("trai
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
-    from deployments.model_files import resolve_model_source
+    from predictor.model_files import resolve_model_source
 
     model_dir = resolve_model_source(model)
     model_hash = model_weights_hash(model_dir)

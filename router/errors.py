@@ -6,22 +6,26 @@ from fastapi.responses import JSONResponse
 
 _TYPES = {
     400: "invalid_request_error",
+    401: "authentication_error",
     404: "not_found_error",
     408: "timeout_error",
     413: "request_too_large",
     422: "invalid_request_error",
+    429: "rate_limit_exceeded",
     500: "internal_error",
     503: "service_unavailable",
 }
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers or {}
 
     def body(self) -> dict:
         return {
@@ -34,4 +38,4 @@ class APIError(Exception):
         }
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)

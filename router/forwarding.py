@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray.exceptions import TaskCancelledError
+from starlette.background import BackgroundTask
 from ray.serve.handle import DeploymentHandle
 # vLLM's class, not ray.serve.llm's public subclass: Ray's engine returns its internal subclass,
 # which is no instance of the public one.
@@ -28,6 +29,7 @@ from router.errors import APIError
 
 log = logging.getLogger("ray.serve")
 Done = Callable[[int | None], None]
+Progress = Callable[[], None]
 
 
 async def _first(stream) -> object:
@@ -90,18 +92,21 @@ async def _items(first, stream) -> AsyncIterator:
         yield item
 
 
-async def _relay(first, stream, tap: _UsageTap, done: Done) -> AsyncIterator[str]:
+async def _relay(first, stream, tap: _UsageTap, done: Done, progress: Progress) -> AsyncIterator[str]:
     ended = False
     try:
         async for item in _items(first, stream):
             chunk = tap(_sse(item))
             ended |= "data: [DONE]" in chunk
+            progress()
             yield chunk
     except Exception as e:  # mid-stream failure: tell the client instead of cutting silently
         log.exception("pool stream failed mid-way")
         err = APIError(503, f"The model replica failed mid-stream: {type(e).__name__}.")
         yield f"data: {json.dumps(err.body())}\n\n"
     finally:  # also when the client goes away mid-stream
+        if not ended:  # the client went away or the stream broke: vLLM aborts the request
+            stream.cancel()
         done(tap.completion_tokens)
     if not ended:
         yield "data: [DONE]\n\n"
@@ -120,16 +125,28 @@ class _SSEResponse(StreamingResponse):
 
 async def forward(
     handle: DeploymentHandle, kind: str, body, headers: dict[str, str], extension: dict,
-    client_wants_usage: bool, done: Done,
+    client_wants_usage: bool, done: Done, progress: Progress,
 ):
-    """The pool's answer as HTTP; `extension` fields are added to a JSON body, headers to both."""
+    """The pool's answer as HTTP; `extension` fields are added to a JSON body, headers to both.
+
+    `done(completion_tokens or None)` is called exactly once (it must be idempotent): when a JSON
+    answer is in, when a stream ends, or when the client goes away, including before the stream's
+    body ever started (the response's background task). Cancelled or timed out here, the pool call
+    is cancelled too, so the engine stops decoding for nobody.
+    """
     stream = getattr(handle, kind).remote(body, None)
-    first = await _first(stream)
+    try:
+        first = await _first(stream)
+    except BaseException:
+        stream.cancel()
+        raise
     if (err := _engine_error(first)) is not None:
+        stream.cancel()
         raise err
     if not getattr(body, "stream", False):
         payload = first.model_dump(mode="json")
         done((payload.get("usage") or {}).get("completion_tokens"))
         return JSONResponse({**payload, **extension}, headers=headers)
     tap = _UsageTap(keep=client_wants_usage)
-    return _SSEResponse(_relay(first, stream, tap, done), media_type="text/event-stream", headers=headers)
+    return _SSEResponse(_relay(first, stream, tap, done, progress), media_type="text/event-stream",
+                        headers=headers, background=BackgroundTask(lambda: done(tap.completion_tokens)))

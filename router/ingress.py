@@ -1,8 +1,19 @@
-"""The HTTP front door: an OpenAI-compatible API that validates, predicts, picks a pool, and relays.
+"""The HTTP front door: an OpenAI-compatible API that validates, decides, admits, and relays.
 
 It is the application's ingress deployment; the predictor and the vLLM pools sit behind
-DeploymentHandles. Validation, prompt rendering, pool choice, load tracking and relaying live in
-their own modules, which keeps this file about routes and the order of the steps.
+DeploymentHandles. Per request, in this order:
+1. parse and validate the body (router.validation) and render the token ids the engine will see
+   (router.prompt_ids);
+2. decide (router.decision): the pool, spillover, and what the request ranks by while it waits.
+   Pool policies (estp, egtp) need the prediction to pick a pool, so they wait for it here;
+   work policies (estp_work, ...) never do;
+3. admit (router.waiting): dispatch at once while the pool has a free slot, else wait in its
+   shortest-first queue with aging, or get 429 with Retry-After when that queue is full. A work
+   policy's prediction runs while its request waits and re-ranks it when it lands; with
+   `predictor.predict: all` requests dispatched at once are predicted too, off their path;
+4. relay to the pool's vLLM replicas (router.forwarding), JSON or SSE;
+5. when the pool is done: the slot goes to the next waiting request, the prediction is scored
+   against the real length (router.live_quality), which may switch the router length-blind.
 """
 
 from __future__ import annotations
@@ -10,24 +21,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
+from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from vllm.entrypoints.generate.base.protocol import StreamOptions
 
+from predictor.head import LengthBins
+from router.admission import QueueOrder
+from router.decision import Decider, Decision
 from router.errors import APIError
 from router.forwarding import forward
 from router.length_bins import PoolBins
-from router.policies import POLICIES, Job, PolicyChain, PolicyContext, priority
+from router.live_quality import LiveQuality
+from router.policies import POLICIES, PREDICTED, WORK, Job, PolicyContext, head_of
 from router.pool_load import PoolLoad
 from router.predictor_client import Outcome, PredictorClient
 from router.prompt_ids import UnsupportedPrompt, prompt_ids
+from router.replica_router import ledger
 from router.routing import BenchmarkOverrides, Route, benchmark_overrides
-from router.telemetry import RoutingMetrics
+from router.telemetry import QualityMetrics, QueueMetrics, RoutingMetrics
 from router.validation import parse_request, read_body, request_kind
+from router.waiting import PoolGate, QueueFull, Ticket
 
 log = logging.getLogger("ray.serve")
 api = FastAPI(title="lengthserve", description="Length-aware OpenAI-compatible LLM serving")
@@ -53,9 +71,19 @@ def _max_tokens(body) -> int | None:
     return getattr(body, "max_completion_tokens", None) or body.max_tokens
 
 
-def _single_output(body, ids: list[list[int]] | None) -> bool:
-    """usage.completion_tokens is one output's length only for one prompt and n = 1."""
-    return ids is not None and len(ids) == 1 and (body.n or 1) == 1
+@dataclass
+class _InFlight:
+    """One request on its way through the router: what is known of it, as it becomes known."""
+
+    ticket: Ticket
+    job: Job
+    decision: Decision
+    head: str | None  # the head the asked-for policy reads (also while live quality overrules it)
+    predicted_ids: list[int] | None  # the prompt the predictor reads (the longest of a batch)
+    outcome: Outcome | None = None  # the prediction, once asked
+    late: asyncio.Task | None = None  # a work policy's prediction running beside the request
+    queued_s: float = 0.0
+    routing_ms: float = 0.0
 
 
 @serve.deployment
@@ -72,7 +100,10 @@ class Router:
         self._pools = {name: h.options(stream=True) for name, h in pools.items()}
         self._tokenizer = AutoTokenizer.from_pretrained(routing["model_path"])
         self._bins = PoolBins(**routing["output_bins"])
-        self._load = PoolLoad(list(self._pools), routing["capacities"])
+        order = QueueOrder(**routing["queue_order"])
+        self._load = PoolLoad(list(self._pools), routing["capacities"], self._limits["queue"]["max_waiting"], order)
+        self._gates = {name: PoolGate(queue) for name, queue in self._load.queues.items()}
+        self._ledgers = {name: ledger(name) for name in self._pools}
         ctx = PolicyContext(
             pools=list(self._pools), output_bins=self._bins, input_edges=self._limits["input_edges"] or [],
             replicas=routing["replicas"], load=self._load,
@@ -80,22 +111,51 @@ class Router:
         self._policy_name, self._fallback_name = self._limits["policy"], self._limits["fallback_policy"]
         # Benchmark headers let any request pick any policy: all are built once, each with its own state.
         self._benchmark = self._limits["benchmark_headers"]
-        self._chain = PolicyChain(ctx, POLICIES if self._benchmark else [self._policy_name], self._fallback_name)
+        self._decider = Decider(
+            ctx, POLICIES if self._benchmark else [self._policy_name], self._fallback_name,
+            self._limits["spillover"], self._limits["shortest_first"], self._limits["rank_by"],
+        )
         spec = config["predictor"] or {}
+        heads = {name: LengthBins(**bins) for name, bins in routing["head_bins"].items()}
         self._predictor = PredictorClient(
             predictor, routing["predictor_name"], spec.get("timeout_s", 0), spec.get("max_prompt_tokens", 0),
-            routing["predictor_heads"],
+            heads, self._bins, routing["predictor_concurrency"],
         )
+        self._predict_all = spec.get("predict") == "all"
+        self._quality = {head: LiveQuality(**self._limits["live_quality"]) for head in heads}
         self._metrics = RoutingMetrics(self._policy_name)
+        self._queue_metrics = QueueMetrics()
+        self._quality_metrics = QualityMetrics()
         self._created = int(time.time())
+        self._metrics_port: int | None = None
 
     @api.get("/health")
     async def health(self) -> dict:
         return {
             "status": "ok", "model": self._model["id"], "pools": list(self._pools),
             "policy": self._policy_name, "predictor": self._predictor.name, "output_edges": list(self._bins.edges),
-            "inflight": {pool: self._load.inflight(pool) for pool in self._pools},  # this router replica's
+            # this router replica's view
+            "inflight": {pool: self._load.inflight(pool) for pool in self._pools},
+            "queues": {pool: self._queue_report(pool) for pool in self._pools},
+            "replicas": {pool: self._ledgers[pool].snapshot() for pool in self._pools},
+            "predictor_waiting": self._predictor.waiting,
+            "live_quality": {head: q.report() for head, q in self._quality.items()},
+            "metrics_port": self._node_metrics_port(),
         }
+
+    def _queue_report(self, pool: str) -> dict:
+        q = self._load.queues[pool]
+        return {"waiting": len(q), "slots": q.slots, "max_waiting": q.max_waiting,
+                "oldest_wait_s": round(q.oldest_wait_s(time.monotonic()), 3), **vars(q.stats)}
+
+    def _node_metrics_port(self) -> int | None:
+        """The Prometheus port of this node's Ray metrics agent, where the router's metrics are."""
+        if self._metrics_port is None:
+            import ray
+
+            node = ray.get_runtime_context().get_node_id()
+            self._metrics_port = next((n.get("MetricsExportPort") for n in ray.nodes() if n["NodeID"] == node), None)
+        return self._metrics_port
 
     @api.get("/v1/models")
     async def models(self) -> dict:
@@ -124,71 +184,154 @@ class Router:
         body = parse_request(raw, kind, self._model["id"], self._model["max_model_len"])
         bench = self._overrides(request)
         policy = bench.policy or self._policy_name
-        ids, outcome = await self._predict(body, kind, policy)
+        ids, failure = self._render(body, kind)
+        job = self._job(body, ids, bench)
+        outcome = await self._predict(ids, failure, body, head_of(policy))
         if outcome.prediction is None:
             raise APIError(503, f"No length prediction ({outcome.failure}): {outcome.detail}", code=outcome.failure)
         answer = {
             "object": "length_prediction", "model": self._model["id"], "predictor": self._predictor.name,
-            "prompt_tokens": max(len(i) for i in ids), **outcome.prediction,
+            "prompt_tokens": job.prompt_tokens, **outcome.prediction,
         }
         if bench.policy is not None:  # a benchmark planning its groups: the pool this policy picks now
-            job = self._job(ids, outcome, bench)
-            answer["routing"] = dict(zip(("pool", "policy", "fallback"), self._choose(job, outcome, policy)))
+            decision = self._decide(replace(job, prediction=outcome.prediction), outcome, policy, spill=False)
+            answer["routing"] = {"pool": decision.pool, "policy": decision.policy, "fallback": decision.fallback,
+                                 "rank_tokens": decision.rank_tokens}
         return answer
 
     def _overrides(self, request: Request) -> BenchmarkOverrides:
-        return benchmark_overrides(request.headers, self._benchmark, self._chain.policies, self._pools)
+        return benchmark_overrides(request.headers, self._benchmark, self._decider.chain.policies, self._pools)
 
-    async def _predict(self, body, kind: str, policy: str) -> tuple[list[list[int]] | None, Outcome]:
+    def _render(self, body, kind: str) -> tuple[list[list[int]] | None, str]:
+        """The token ids of every prompt, or None and why they cannot be read."""
         try:
-            ids = prompt_ids(self._tokenizer, body, kind)
+            return prompt_ids(self._tokenizer, body, kind), ""
         except UnsupportedPrompt as e:
-            return None, Outcome(None, "unsupported_prompt", str(e))
-        # A predicted policy reads its own head (ESTP or EGTP); the others, the default head.
-        head = policy if policy in self._predictor.heads else None
-        outcome = await self._predictor.predict(ids, _max_tokens(body), head)
-        if outcome.prediction is not None:
-            self._metrics.predictor_latency(self._predictor.name, outcome.latency_s)
-        return ids, outcome
-
-    def _choose(self, job: Job, outcome: Outcome, policy: str) -> tuple[str, str, str | None]:
-        """(pool, deciding policy, fallback reason); a fallback is counted and logged."""
-        pool, decided_by, reason = self._chain.choose(job, policy)
-        if reason is not None:
-            self._metrics.fallback(reason, outcome.detail or reason)
-        return pool, decided_by, reason
+            return None, str(e)
 
     @staticmethod
-    def _job(ids: list[list[int]] | None, outcome: Outcome, bench: BenchmarkOverrides) -> Job:
+    def _job(body, ids: list[list[int]] | None, bench: BenchmarkOverrides) -> Job:
         return Job(
-            prompt_tokens=None if ids is None else max(len(i) for i in ids),
-            prediction=outcome.prediction, prediction_failure=outcome.failure, true_tokens=bench.true_tokens,
+            prompt_tokens=None if ids is None else max(len(i) for i in ids), true_tokens=bench.true_tokens,
+            max_tokens=_max_tokens(body), min_tokens=getattr(body, "min_tokens", 0) or 0,
+            ignore_eos=bool(getattr(body, "ignore_eos", False)), outputs=(body.n or 1) * (len(ids) if ids else 1),
         )
 
-    async def _route(self, request: Request, body, kind: str) -> tuple[Route, list[list[int]] | None]:
-        start = time.perf_counter()
-        bench = self._overrides(request)
-        policy = bench.policy or self._policy_name
-        ids, outcome = await self._predict(body, kind, policy)
-        job = self._job(ids, outcome, bench)
-        if bench.pool is not None:  # planned by the benchmark (batch mode): no decision, no spillover
-            chosen, fallback = bench.pool, None
-            pool = chosen
+    async def _predict(self, ids: list[list[int]] | None, failure: str, body, head: str | None) -> Outcome:
+        """The prediction for the request's longest prompt (the one its work is ranked by)."""
+        if ids is None:
+            return Outcome(None, "unsupported_prompt", failure)
+        outcome = await self._predictor.predict(max(ids, key=len), _max_tokens(body), head)
+        if outcome.prediction is not None:
+            self._metrics.predictor_latency(self._predictor.name, outcome.latency_s)
+        return outcome
+
+    def _trusted(self, policy: str) -> bool:
+        head = head_of(policy)
+        return head is None or head not in self._quality or self._quality[head].trusted
+
+    def _decide(self, job: Job, outcome: Outcome | None, policy: str, spill: bool = True) -> Decision:
+        """The decision; a fallback (the predictor failed, or live quality is below its floor) is
+        counted and logged."""
+        if not self._trusted(policy):
+            decision = self._decider.decide(job, self._fallback_name, spill)
+            decision = replace(decision, fallback="low_live_quality")
         else:
-            chosen, policy, fallback = self._choose(job, outcome, policy)
-            pool = self._load.spill(chosen) if self._limits["spillover"] else chosen
-        route = Route(
-            pool=pool, policy=policy, prompt_tokens=job.prompt_tokens, prediction=job.prediction,
-            priority=priority(job, chosen, policy, self._bins, self._model["max_model_len"], _max_tokens(body)),
-            spilled_from=chosen if pool != chosen else None, fallback=fallback,
-            routing_ms=(time.perf_counter() - start) * 1000,
-        )
-        return route, ids
+            decision = self._decider.decide(job, policy, spill)
+        if decision.fallback is not None:
+            detail = outcome.detail if outcome is not None and outcome.detail else decision.fallback
+            self._metrics.fallback(decision.fallback, detail)
+        return decision
 
     async def _serve(self, request: Request, kind: str):
         raw = await read_body(request, self._limits["max_body_bytes"])
         body = parse_request(raw, kind, self._model["id"], self._model["max_model_len"])
-        route, ids = await self._route(request, body, kind)
+        start = time.perf_counter()
+        bench = self._overrides(request)
+        policy = bench.policy or self._policy_name
+        ids, failure = self._render(body, kind)
+        job = self._job(body, ids, bench)
+        outcome, trusted = None, self._trusted(policy)
+        if policy in PREDICTED - WORK and trusted:  # a pool policy needs its prediction first
+            outcome = await self._predict(ids, failure, body, head_of(policy))
+            job = replace(job, prediction=outcome.prediction, prediction_failure=outcome.failure)
+        if bench.pool is not None:  # planned by the benchmark (batch mode): no decision, no spillover
+            decision = Decision(bench.pool, bench.pool, policy, None, self._decider.rank(job, policy))
+        else:
+            decision = self._decide(job, outcome, policy)
+        ticket = Ticket(f"lengthserve-{uuid.uuid4().hex}")
+        body.request_id = ticket.request_id  # what the replica router's ledger knows it by
+        flight = _InFlight(ticket, job, decision, head_of(policy), None if ids is None else max(ids, key=len),
+                           outcome, routing_ms=(time.perf_counter() - start) * 1000)
+        if outcome is not None and outcome.distribution is not None:
+            self._ledgers[decision.pool].predicted(ticket.request_id, outcome.distribution, job.max_tokens)
+        gate = self._gates[decision.pool]
+        try:
+            gate.offer(ticket, decision.rank_tokens)
+        except QueueFull as e:
+            self._queue_metrics.rejected(decision.pool)
+            raise APIError(429, f"The {decision.pool} pool's queue is full; retry in {e.retry_after_s} s.",
+                           code="queue_full", headers={"Retry-After": str(e.retry_after_s)}) from None
+        self._queue_metrics.waiting(decision.pool, len(gate.queue))
+        # Beside the request: a work policy's rank while it waits; with `predict: all`, every request;
+        # while live quality keeps the router length-blind, shadow predictions that can win trust back.
+        if flight.head is not None and outcome is None and flight.predicted_ids is not None:
+            if (ticket.queued and decision.policy in WORK) or self._predict_all or not trusted:
+                flight.late = asyncio.create_task(self._predict_beside(flight, gate, body))
+        try:
+            await self._admitted(flight, gate)
+        except BaseException:
+            if flight.late is not None:
+                flight.late.cancel()
+            self._ledgers[decision.pool].drop(ticket.request_id)
+            raise
+        if flight.late is not None and not self._predict_all:
+            flight.late.cancel()  # dispatched before its prediction landed: no longer needed
+        return await self._relay(flight, gate, body, kind)
+
+    async def _admitted(self, flight: _InFlight, gate: PoolGate) -> None:
+        """Until the request holds a slot; a request that waits past the timeout gets 503."""
+        if not flight.ticket.queued:
+            self._queue_metrics.waited(flight.decision.pool, 0.0)
+            return
+        reordered = gate.queue.stats.reordered
+        waited = time.monotonic()
+        try:
+            await gate.wait(flight.ticket, self._limits["request_timeout_s"])
+        except TimeoutError:
+            raise APIError(503, "No replica became free in time; retry later.", code="queue_timeout",
+                           headers={"Retry-After": str(gate.retry_after_s())}) from None
+        flight.queued_s = time.monotonic() - waited
+        pool = flight.decision.pool
+        self._queue_metrics.waited(pool, flight.queued_s)
+        self._queue_metrics.reordered(pool, gate.queue.stats.reordered - reordered)
+        self._queue_metrics.waiting(pool, len(gate.queue))
+
+    async def _predict_beside(self, flight: _InFlight, gate: PoolGate, body) -> None:
+        """A prediction beside the request: re-ranks it if it still waits, updates the replica's work
+        estimate if it was dispatched meanwhile, is scored when it completes; never delays it. A
+        request that is not waiting does not queue for the predictor: no free slot, no prediction."""
+        outcome = await self._predictor.predict(flight.predicted_ids, _max_tokens(body), flight.head,
+                                                wait=flight.ticket.queued)
+        flight.outcome = outcome
+        if outcome.prediction is None:
+            return
+        self._metrics.predictor_latency(self._predictor.name, outcome.latency_s)
+        flight.job = replace(flight.job, prediction=outcome.prediction)
+        gate.rerank(flight.ticket, self._decider.rank(flight.job, flight.decision.policy))
+        self._ledgers[flight.decision.pool].predicted(flight.ticket.request_id, outcome.distribution,
+                                                      flight.job.max_tokens)
+
+    async def _relay(self, flight: _InFlight, gate: PoolGate, body, kind: str):
+        decision = flight.decision
+        prediction = flight.outcome.prediction if flight.outcome is not None else None
+        route = Route(
+            pool=decision.pool, policy=decision.policy, prompt_tokens=flight.job.prompt_tokens, prediction=prediction,
+            priority=self._decider.engine_priority(replace(decision, rank_tokens=self._decider.rank(
+                flight.job, decision.policy)), self._model["max_model_len"]),
+            spilled_from=decision.spilled_from, fallback=decision.fallback, routing_ms=flight.routing_ms,
+            queued_ms=flight.queued_s * 1000,
+        )
         if self._limits["shortest_first"]:
             body.priority = route.priority
         client_wants_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -196,11 +339,13 @@ class Router:
             body.stream_options = StreamOptions(include_usage=True, **(
                 {"continuous_usage_stats": body.stream_options.continuous_usage_stats} if body.stream_options else {}
             ))
-        done = self._tracker(route, compare=_single_output(body, ids))
+        done = self._tracker(flight, gate, compare=flight.job.outputs == 1)
+        ledger_of_pool = self._ledgers[decision.pool]
         try:
             async with asyncio.timeout(self._limits["request_timeout_s"]):
                 return await forward(
-                    self._pools[route.pool], kind, body, route.headers(), route.extension(), client_wants_usage, done
+                    self._pools[decision.pool], kind, body, route.headers(), route.extension(), client_wants_usage,
+                    done, lambda: ledger_of_pool.streamed(flight.ticket.request_id),
                 )
         except TimeoutError:
             done(None)
@@ -209,11 +354,11 @@ class Router:
             done(None)
             raise
 
-    def _tracker(self, route: Route, compare: bool):
+    def _tracker(self, flight: _InFlight, gate: PoolGate, compare: bool):
         """Counts the request in flight now; the returned callback, once, when the pool is done."""
-        self._load.acquire(route.pool)
-        self._metrics.routed(route.pool, spilled=route.spilled_from is not None)
-        self._metrics.inflight(route.pool, self._load.inflight(route.pool))
+        pool = flight.decision.pool
+        self._metrics.routed(pool, spilled=flight.decision.spilled_from is not None)
+        self._metrics.inflight(pool, self._load.inflight(pool))
         settled = False
 
         def done(completion_tokens: int | None) -> None:
@@ -221,11 +366,25 @@ class Router:
             if settled:
                 return
             settled = True
-            self._load.release(route.pool)
-            self._metrics.inflight(route.pool, self._load.inflight(route.pool))
-            if compare and route.prediction is not None and completion_tokens is not None:
-                self._metrics.completed(
-                    route.pool, self._predictor.name, route.prediction["expected_tokens"], completion_tokens
-                )
+            gate.leave()
+            self._ledgers[pool].drop(flight.ticket.request_id)
+            self._metrics.inflight(pool, self._load.inflight(pool))
+            self._queue_metrics.waiting(pool, len(gate.queue))
+            outcome = flight.outcome
+            if compare and outcome is not None and outcome.prediction is not None and completion_tokens is not None:
+                self._score(flight, outcome.prediction, completion_tokens)
 
         return done
+
+    def _score(self, flight: _InFlight, prediction: dict, completion_tokens: int) -> None:
+        pool = flight.decision.pool
+        self._metrics.completed(pool, self._predictor.name, prediction["expected_tokens"], completion_tokens)
+        head = flight.head or next(iter(self._quality), None)
+        quality = self._quality.get(head)
+        if quality is None:
+            return
+        hit = prediction["bin"] == self._bins.pool_of(completion_tokens)
+        if quality.observe(prediction["expected_tokens"], completion_tokens, hit):
+            state = "trusted again" if quality.trusted else "below its floor: routing length-blind"
+            log.warning("live prediction quality of %s %s: %s", head, state, quality.report())
+        self._quality_metrics.update(head, quality.report())

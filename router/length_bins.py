@@ -43,6 +43,55 @@ def _capped_mean(bins: LengthBins, probs: list[float], cap: float) -> float:
     return total
 
 
+def training_quantile(bins: LengthBins, q: float) -> float:
+    """The q-quantile of the lengths the head was trained on.
+
+    The head's bins are quantile bins of the training lengths (about 1/K of them each), so the
+    q-quantile lies a fraction of the way through bin floor(q * K).
+    """
+    position = q * bins.k
+    k = min(int(position), bins.k - 1)
+    lo, hi = bins.edges[k], bins.edges[k + 1]
+    return lo + (position - k) * (hi - lo)
+
+
+def survival(bins: LengthBins, probs: list[float], k: float) -> float:
+    """P(length > k)."""
+    return max(0.0, 1.0 - _cdf(bins, probs, k))
+
+
+def _excess(lo: float, hi: float, k: float, cap: float) -> float:
+    """E[(min(U, cap) - k)+] for U uniform on (lo, hi]."""
+    total = 0.0
+    a, b = max(lo, k), min(hi, cap)
+    if a < b:
+        total += ((b - k) ** 2 - (a - k) ** 2) / 2
+    if hi > cap and cap > k:
+        total += (hi - max(lo, cap)) * (cap - k)
+    return total / (hi - lo)
+
+
+def expected_remaining(bins: LengthBins, probs: list[float], generated: int, cap: float | None = None) -> float:
+    """E[min(L, cap) - k | L > k]: what is left of a sequence that has generated k tokens.
+
+    The head's distribution conditioned on the sequence still running, so a request re-estimates
+    itself as it streams with no second prefill. A sequence that has outlived every bin (the head
+    gave no mass beyond k) counts as one token from its end.
+    """
+    cap = bins.max_tokens if cap is None else cap
+    alive = survival(bins, probs, generated)
+    if alive <= 1e-9 or generated >= cap:
+        return 1.0
+    excess = sum(p * _excess(lo, hi, generated, cap) for lo, hi, p in zip(bins.edges, bins.edges[1:], probs) if p)
+    return max(1.0, excess / alive)
+
+
+def still_running(bins: LengthBins, probs: list[float], generated: int, horizon: float) -> float:
+    """P(L > k + horizon | L > k): the chance a sequence is still decoding `horizon` tokens from now."""
+    alive = survival(bins, probs, generated)
+    return 0.0 if alive <= 1e-9 else min(1.0, survival(bins, probs, generated + horizon) / alive)
+
+
 @dataclass(frozen=True)
 class PoolBins:
     """Pool i takes outputs in (edges[i-1], edges[i]] tokens; the last pool is open-ended."""
@@ -58,18 +107,9 @@ class PoolBins:
 
     @classmethod
     def from_quantiles(cls, names: list[str], bins: LengthBins) -> "PoolBins":
-        """Equal shares of the training lengths per pool.
-
-        The head's bins are quantile bins of the training lengths (about 1/K of them each), so
-        the q-quantile lies a fraction of the way through bin floor(q * K).
-        """
-        edges = []
-        for i in range(1, len(names)):
-            position = i / len(names) * bins.k
-            k = min(int(position), bins.k - 1)
-            lo, hi = bins.edges[k], bins.edges[k + 1]
-            edges.append(float(round(lo + (position - k) * (hi - lo))))
-        return cls(tuple(names), tuple(edges))
+        """Equal shares of the training lengths per pool."""
+        return cls(tuple(names), tuple(float(round(training_quantile(bins, i / len(names))))
+                                       for i in range(1, len(names))))
 
     def pool_of(self, tokens: float) -> str:
         return self.names[bisect.bisect_left(self.edges, tokens)]

@@ -1,9 +1,18 @@
-"""Which pool a request goes to. The router asks a policy; policies know nothing of HTTP.
+"""Which pool a request goes to, and what it ranks by while it waits. Policies know nothing of HTTP.
 
 Every policy answers `choose(job) -> pool name`. A policy that lacks what it needs (no
 prediction because the predictor failed, no oracle header) raises NoDecision, and the router
 asks its fallback policy instead, so a missing input never fails a request. Spillover is not a
-policy's business: the router applies it to whatever pool the policy picked.
+policy's business: `Decider` applies it to whatever pool the policy picked, and ranks the request
+for the pool's queue (router.admission). The ingress and the simulator both decide through a
+`Decider`, so the two cannot drift apart.
+
+Two families:
+- pool policies (`estp`, `egtp`, `oracle`, `input_length`): the paper's length-homogeneous pools;
+  the predicted ones need the prediction before they can pick a pool (on the critical path);
+- work policies (`estp_work`, `egtp_work`, `oracle_work`, `ceiling`): pick a pool as Ray does
+  (power of two choices; one pool in the default config) and use the length only to rank waiting
+  requests shortest-first, so the prediction can arrive while the request waits.
 """
 
 from __future__ import annotations
@@ -26,9 +35,31 @@ class Job:
     """What policies may look at: lengths, never the HTTP request."""
 
     prompt_tokens: int | None = None  # None when the prompt could not be tokenized
-    prediction: dict | None = None  # the predictor's answer; its `bin` is a pool name
+    prediction: dict | None = None  # the predictor's answer, described for the pools (`bin` is a pool name)
     prediction_failure: str | None = None  # why there is no prediction (timeout, error, ...)
-    true_tokens: int | None = None  # benchmarks only: the real output length (oracle)
+    true_tokens: int | None = None  # benchmarks only: the real output length (oracle) or a prompt's median (ceiling)
+    # What the request itself fixes about its length (see `sequence_tokens`).
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    outputs: int = 1  # n x prompts: sequences the request generates
+
+    def floor_tokens(self) -> int:
+        """Tokens each sequence surely generates whatever the model would say."""
+        return (self.max_tokens or 0) if self.ignore_eos else self.min_tokens
+
+
+def sequence_tokens(job: Job, natural: float) -> float:
+    """One sequence's length from its natural (predicted or true) length: at least what the
+    request forces (`min_tokens`, or the cap with `ignore_eos`), at most `max_tokens`."""
+    tokens = max(natural, job.floor_tokens())
+    return min(tokens, job.max_tokens) if job.max_tokens else tokens
+
+
+def work_tokens(job: Job, natural: float) -> float:
+    """What a request costs the engine: every sequence it generates. A client cannot pass for
+    short with `ignore_eos` or `min_tokens`, nor for one request with n = 64."""
+    return sequence_tokens(job, natural) * max(1, job.outputs)
 
 
 @dataclass
@@ -44,6 +75,8 @@ class PolicyContext:
 class RoundRobin:
     """Length-blind baseline: pools take turns."""
 
+    ranks_queue = False
+
     def __init__(self, ctx: PolicyContext):
         self._cycle = itertools.cycle(ctx.pools)
 
@@ -57,8 +90,11 @@ class PowerOfTwoChoices:
     Ray's router samples two replicas of one deployment and takes the less busy. Pools are
     separate deployments, so this samples two replicas from all pools (a pool with more replicas
     is drawn more often), compares their pools' in-flight requests per replica, and lets Ray's own
-    power-of-two router pick the replica inside the winning pool.
+    power-of-two router pick the replica inside the winning pool. With one pool it is Ray's own
+    behaviour: the pool's FIFO queue and power of two choices.
     """
+
+    ranks_queue = False
 
     def __init__(self, ctx: PolicyContext):
         self._slots = [pool for pool in ctx.pools for _ in range(max(1, ctx.replicas.get(pool, 1)))]
@@ -76,6 +112,8 @@ class PowerOfTwoChoices:
 class InputLength:
     """Prompt-length buckets, as SGLang's router offers: no predictor needed."""
 
+    ranks_queue = False
+
     def __init__(self, ctx: PolicyContext):
         self._bins = PoolBins(tuple(ctx.pools), tuple(ctx.input_edges))
 
@@ -85,20 +123,31 @@ class InputLength:
         return self._bins.pool_of(job.prompt_tokens)
 
 
+def _at_least(bins: PoolBins, pool: str, job: Job) -> str:
+    """`pool`, or a longer one if the request forces more tokens than `pool` holds."""
+    floor = job.floor_tokens()
+    forced = bins.pool_of(floor) if floor else pool
+    return max(pool, forced, key=bins.names.index)
+
+
 class PredictedBin:
     """ESTP or EGTP: the pool the predictor's distribution puts the most mass on."""
 
+    ranks_queue = True
+
     def __init__(self, ctx: PolicyContext):
-        pass
+        self._bins = ctx.output_bins
 
     def choose(self, job: Job) -> str:
         if job.prediction is None:
             raise NoDecision(job.prediction_failure or "no_prediction")
-        return job.prediction["bin"]
+        return _at_least(self._bins, job.prediction["bin"], job)
 
 
 class Oracle:
     """The true output length from the request (benchmarks): the limit of any predictor."""
+
+    ranks_queue = True
 
     def __init__(self, ctx: PolicyContext):
         self._bins = ctx.output_bins
@@ -106,13 +155,22 @@ class Oracle:
     def choose(self, job: Job) -> str:
         if job.true_tokens is None:
             raise NoDecision("no_oracle_header")
-        return self._bins.pool_of(job.true_tokens)
+        return self._bins.pool_of(sequence_tokens(job, job.true_tokens))
+
+
+class RankedWork(PowerOfTwoChoices):
+    """Ray's pool choice; the length only ranks the request while it waits (shortest first).
+
+    It never needs the length to decide, so it never falls back: a request without a prediction
+    (not yet arrived, failed) ranks at the queue's prior, a typical length.
+    """
+
+    ranks_queue = True
 
 
 class PolicyChain:
     """The policies a router consults, in order: the one in charge, the configured fallback, then
-    round-robin (input_length cannot decide without a tokenized prompt). The router and the
-    simulator decide through this one object, so they cannot drift apart."""
+    round-robin (input_length cannot decide without a tokenized prompt)."""
 
     def __init__(self, ctx: PolicyContext, names: Iterable[str], fallback: str):
         self.policies = {name: POLICIES[name](ctx) for name in names}
@@ -132,20 +190,6 @@ class PolicyChain:
             return self._last_resort.choose(job), "round_robin", reason
 
 
-def priority(job: Job, pool: str, policy: str, bins: PoolBins, max_model_len: int, cap: int | None) -> int:
-    """What vLLM schedules on inside a pool (lower first): predicted tokens (the true ones for the
-    oracle); unpredicted requests count as their pool's longest, so they never jump ahead of
-    predicted short ones."""
-    if policy == "oracle" and job.true_tokens is not None:
-        tokens = job.true_tokens
-    elif job.prediction is not None:
-        tokens = job.prediction["expected_tokens"]
-    else:
-        i = bins.names.index(pool)
-        tokens = bins.edges[i] if i < len(bins.edges) else max_model_len
-    return round(min(tokens, cap) if cap else tokens)
-
-
 POLICIES = {
     "round_robin": RoundRobin,
     "ray_default": PowerOfTwoChoices,
@@ -153,6 +197,22 @@ POLICIES = {
     "estp": PredictedBin,
     "egtp": PredictedBin,
     "oracle": Oracle,
+    "estp_work": RankedWork,
+    "egtp_work": RankedWork,
+    "oracle_work": RankedWork,
+    "ceiling": RankedWork,
 }
-# Policies that route on the predictor's answer; the others may serve as the fallback.
-PREDICTED = frozenset({"estp", "egtp"})
+# Policies that read the predictor's answer (the head named before "_"); the others may serve as the fallback.
+PREDICTED = frozenset({"estp", "egtp", "estp_work", "egtp_work"})
+# Policies that read the length a benchmark supplies (X-True-Output-Tokens): the true one, or each
+# prompt's sample median for the ceiling (the limit of any prompt-only predictor).
+KNOWN_LENGTH = frozenset({"oracle", "oracle_work", "ceiling"})
+WORK = frozenset({"estp_work", "egtp_work", "oracle_work", "ceiling"})
+
+
+HEADS = frozenset({"estp", "egtp"})
+
+
+def head_of(policy: str) -> str | None:
+    """The predictor head a policy reads (estp_work reads ESTP's), or None if it reads none."""
+    return policy.removesuffix("_work") if policy in PREDICTED else None

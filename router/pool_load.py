@@ -1,38 +1,40 @@
-"""Requests in flight per pool, as this router sees them, and spillover when a pool is full.
+"""Requests in flight per pool, as this router sees them, their queues, and spillover when a pool is full.
 
-Counting at the router costs nothing per request and needs no call into the replicas. With
-several router replicas each one counts only its own requests, so per-pool capacities are
+Counting at the router costs nothing per request and needs no call into the replicas. Each pool
+has `capacity` slots (max_ongoing_requests x replicas) and an admission queue in front of them
+(router.admission): a request dispatches while a slot is free and waits in the queue otherwise.
+With several router replicas each one counts only its own requests, so per-pool capacities are
 per router replica: divide them when scaling the router out.
 """
 
 from __future__ import annotations
 
+from router.admission import AdmissionQueue, QueueOrder
+
 
 class PoolLoad:
-    def __init__(self, names: list[str], capacities: dict[str, int | None]):
+    def __init__(self, names: list[str], capacities: dict[str, int | None], max_waiting: int | None = None,
+                 order: QueueOrder = QueueOrder()):
         self.names = list(names)
-        self._capacity = dict(capacities)
-        self._inflight = dict.fromkeys(self.names, 0)
+        self.queues: dict[str, AdmissionQueue] = {
+            name: AdmissionQueue(capacities.get(name), max_waiting, order) for name in self.names
+        }
 
     def inflight(self, pool: str) -> int:
-        return self._inflight[pool]
+        return self.queues[pool].inflight
+
+    def waiting(self, pool: str) -> int:
+        return len(self.queues[pool])
 
     def saturated(self, pool: str) -> bool:
-        capacity = self._capacity.get(pool)
-        return capacity is not None and self._inflight[pool] >= capacity
-
-    def acquire(self, pool: str) -> None:
-        self._inflight[pool] += 1
-
-    def release(self, pool: str) -> None:
-        self._inflight[pool] -= 1
+        return not self.queues[pool].has_room()
 
     def spill(self, chosen: str) -> str:
         """`chosen` unless it is full; else the nearest pool with room, the longer one on a tie.
 
         Longer first because a short request in a long pool costs little, while a long request in
         a short pool holds up every short one there. When every pool is full the request stays
-        with its own pool and queues there (bounded by the router's request timeout).
+        with its own pool and waits in its queue.
         """
         if not self.saturated(chosen):
             return chosen

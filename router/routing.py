@@ -18,10 +18,12 @@ class Route:
     priority: int  # what vLLM schedules on inside the pool (lower first)
     spilled_from: str | None = None  # the saturated pool the policy chose
     fallback: str | None = None  # why the configured policy could not decide
-    routing_ms: float = 0.0  # tokenizing, predicting and choosing: what routing adds to the latency
+    routing_ms: float = 0.0  # tokenizing, predicting (pool policies) and choosing: what routing adds
+    queued_ms: float = 0.0  # waiting for a free slot in the pool's queue
 
     def headers(self) -> dict[str, str]:
-        headers = {"X-Pool": self.pool, "X-Routing-Policy": self.policy, "X-Routing-Ms": f"{self.routing_ms:.1f}"}
+        headers = {"X-Pool": self.pool, "X-Routing-Policy": self.policy, "X-Routing-Ms": f"{self.routing_ms:.1f}",
+                   "X-Queue-Ms": f"{self.queued_ms:.1f}"}
         if self.prediction is not None:
             headers["X-Predicted-Tokens"] = str(round(self.prediction["expected_tokens"]))
             headers["X-Length-Bin"] = self.prediction["bin"]
@@ -35,7 +37,8 @@ class Route:
         """Extra top-level fields of a JSON response; OpenAI clients expose them as extras."""
         prediction = None if self.prediction is None else {**self.prediction, "prompt_tokens": self.prompt_tokens}
         routing = {"pool": self.pool, "policy": self.policy, "spilled_from": self.spilled_from,
-                   "fallback": self.fallback, "priority": self.priority, "routing_ms": round(self.routing_ms, 1)}
+                   "fallback": self.fallback, "priority": self.priority, "routing_ms": round(self.routing_ms, 1),
+                   "queued_ms": round(self.queued_ms, 1)}
         return {"length_prediction": prediction, "routing": routing}
 
 

@@ -56,3 +56,52 @@ class RoutingMetrics:
 
     def predictor_latency(self, predictor: str, seconds: float) -> None:
         self._predictor_ms.observe(seconds * 1000, {"predictor": predictor})
+
+
+class QueueMetrics:
+    """The admission queues: how long requests wait, how often the order differs from arrival's,
+    and how many were turned away."""
+
+    def __init__(self):
+        self._waiting = Gauge("lengthserve_queue_waiting", "Requests waiting for a slot, per pool", tag_keys=("pool",))
+        self._wait_ms = Histogram(
+            "lengthserve_queue_wait_ms", "Time a request waited for a slot (0 when dispatched at once)",
+            boundaries=_LATENCY_BOUNDARIES_MS + [30000, 60000, 120000], tag_keys=("pool",),
+        )
+        self._reordered = Counter(
+            "lengthserve_queue_reordered", "Requests handed a slot while an earlier arrival still waited",
+            tag_keys=("pool",),
+        )
+        self._rejected = Counter("lengthserve_queue_rejected", "Requests refused with 429: queue full",
+                                 tag_keys=("pool",))
+
+    def waiting(self, pool: str, count: int) -> None:
+        self._waiting.set(count, {"pool": pool})
+
+    def waited(self, pool: str, seconds: float) -> None:
+        self._wait_ms.observe(seconds * 1000, {"pool": pool})
+
+    def reordered(self, pool: str, count: int) -> None:
+        if count:
+            self._reordered.inc(count, {"pool": pool})
+
+    def rejected(self, pool: str) -> None:
+        self._rejected.inc(1, {"pool": pool})
+
+
+class QualityMetrics:
+    """Live prediction quality per head (router.live_quality) and whether the router trusts it."""
+
+    FIELDS = ("mae_tokens", "signed_error_tokens", "pool_accuracy", "concordance")
+
+    def __init__(self):
+        self._gauges = {f: Gauge(f"lengthserve_live_{f}", f"Live prediction {f.replace('_', ' ')} over the "
+                                 "sliding window", tag_keys=("head",)) for f in self.FIELDS}
+        self._trusted = Gauge("lengthserve_predictions_trusted", "1 while the router ranks and routes on the "
+                              "head's predictions, 0 while live quality keeps it length-blind", tag_keys=("head",))
+
+    def update(self, head: str, report: dict) -> None:
+        for f in self.FIELDS:
+            if report.get(f) is not None:
+                self._gauges[f].set(report[f], {"head": head})
+        self._trusted.set(1 if report["trusted"] else 0, {"head": head})

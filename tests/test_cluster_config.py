@@ -15,7 +15,6 @@ from cluster.local import parse_worker
 from deployments.app import _build_predictor
 from deployments.config import PoolSpec, StackConfig
 from deployments.engine_pool import NODE_GROUP_SHARE, engine_bundle, llm_config
-from router.length_bins import PoolBins
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_SERVE = REPO / "cluster" / "ray_config.gpu.yaml"
@@ -122,7 +121,7 @@ def test_every_placement_the_serve_config_asks_for_has_nodes(nodes):
 
 def test_predictor_placement_reaches_its_serve_deployment(tmp_path):
     config = StackConfig.model_validate(_args(_serve(GPU_SERVE)))
-    app = _build_predictor(config.predictor, {"estp": tmp_path / "head"}, "model", PoolBins(("a", "b"), (10.0,)))
+    app = _build_predictor(config.predictor, {"estp": tmp_path / "head"}, "model")
     deployment = app._bound_deployment
     assert deployment.num_replicas == 3 and deployment._replica_config.max_replicas_per_node == 1
     assert deployment.ray_actor_options["resources"] == {"engine_node": 0.001}

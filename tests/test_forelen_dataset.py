@@ -32,7 +32,7 @@ def test_noise_floor_is_mae_to_each_prompts_median():
 
 
 def test_first_n_samples_is_a_prefix_snapshot():
-    from benchmarks.forelen.dataset import load_samples
+    from predictor.dataset import load_samples
 
     everything = load_samples(FIXTURE)
     assert load_samples(FIXTURE, first=5) == everything[:5]

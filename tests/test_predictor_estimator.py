@@ -3,8 +3,9 @@ import os
 import pytest
 import torch
 
-from predictor.checkpoint import BaseModelMismatchError, CheckpointMeta, save_checkpoint
-from predictor.estimator import LengthEstimator
+from deployments.config import DEFAULT_CHECKPOINTS
+from predictor.checkpoint import BaseModelMismatchError, CheckpointMeta, load_checkpoint, save_checkpoint
+from predictor.estimator import LengthEstimator, shared_features
 from predictor.features import extract_features, micro_batches, pad_left
 from predictor.head import LengthBins, LengthHead
 from predictor.losses import LossConfig
@@ -30,7 +31,7 @@ def write_checkpoint(tmp_path, base_hash, pooling=PoolingConfig()):
 
 @pytest.fixture(scope="module")
 def estimator(tmp_path_factory):
-    from deployments.model_files import model_weights_hash
+    from predictor.model_files import model_weights_hash
 
     path = write_checkpoint(tmp_path_factory.mktemp("ckpt"), model_weights_hash(MODEL_DIR))
     return LengthEstimator.load(MODEL_DIR, path, max_batch_tokens=80)
@@ -45,8 +46,9 @@ def test_predictions_match_the_manual_pipeline(estimator):
     predictions = estimator.predict(PROMPTS)
     with torch.no_grad():
         features = extract_features(estimator.model, *pad_left(ids, 2), estimator.features)
-        probs = estimator.head(pool(features, estimator.meta.pooling)).softmax(-1)
-    expected = estimator.meta.bins.expected(probs)
+        head, meta = estimator.heads[estimator.default]
+        probs = head(pool(features, meta.pooling)).softmax(-1)
+    expected = meta.bins.expected(probs)
     for i, p in enumerate(predictions):
         assert p.expected_tokens == pytest.approx(expected[i].item(), rel=1e-4)
         assert 0 <= p.quantiles["p10"] <= p.quantiles["p50"] <= p.quantiles["p90"] <= 1024
@@ -57,3 +59,53 @@ def test_other_base_model_is_refused(tmp_path):
     path = write_checkpoint(tmp_path, "0123456789abcdef")
     with pytest.raises(BaseModelMismatchError):
         LengthEstimator.load(MODEL_DIR, path)
+
+
+def test_a_bad_prompt_fails_alone_and_its_batch_is_still_predicted(estimator):
+    from predictor.estimator import InvalidPrompt
+
+    good = estimator.encode(PROMPTS[0])
+    results = estimator.predict_each([good, [], [10**9], good[:3]])
+    assert isinstance(results[1], InvalidPrompt) and "empty" in str(results[1])
+    assert isinstance(results[2], InvalidPrompt) and "vocabulary" in str(results[2])
+    assert results[0][estimator.default].expected_tokens == pytest.approx(
+        estimator.predict_each([good])[0][estimator.default].expected_tokens, rel=1e-4)
+    assert estimator.default in results[3]
+
+
+DEFAULT_HEADS = {name: str(DEFAULT_CHECKPOINTS / name / "head") for name in ("estp", "egtp")}
+
+
+def test_one_prefill_serves_both_heads_like_separate_estimators():
+    shared = LengthEstimator.load(MODEL_DIR, DEFAULT_HEADS, max_batch_tokens=64)
+    prompts = ["Say hi.", "Explain recursion in two sentences, then give an example in Python."]
+    ids = [shared.encode(p) for p in prompts]
+    both = shared.predict_each(ids)
+    for name in DEFAULT_HEADS:
+        alone = LengthEstimator(shared.model, shared.tokenizer, {name: shared.heads[name]})
+        for by_head, own in zip(both, alone.predict(ids)):
+            assert by_head[name].expected_tokens == pytest.approx(own.expected_tokens, rel=1e-4)
+            assert by_head[name].bin == own.bin
+    assert both[0]["estp"].expected_tokens != both[0]["egtp"].expected_tokens
+
+
+def test_heads_reading_different_layers_cannot_share_a_prefill():
+    _, estp = load_checkpoint(DEFAULT_HEADS["estp"])
+    _, egtp = load_checkpoint(DEFAULT_HEADS["egtp"])
+    config = shared_features([estp, egtp])
+    assert config.entropy and config.attention and config.layer == estp.feature_layer
+    with pytest.raises(ValueError, match="different feature layers"):
+        shared_features([estp, egtp.model_copy(update={"feature_layer": 3})])
+
+
+def test_a_model_with_qk_norms_fails_at_load_not_at_the_first_prediction(estimator):
+    from predictor.features import FeatureConfig, check_supported
+
+    attn = estimator.model.base_model.layers[-1].self_attn
+    attn.q_norm = torch.nn.Identity()
+    try:
+        with pytest.raises(NotImplementedError, match="q/k norms"):
+            check_supported(estimator.model, FeatureConfig())
+        check_supported(estimator.model, FeatureConfig(attention=False))  # EGTP reads no attention: fine
+    finally:
+        del attn.q_norm

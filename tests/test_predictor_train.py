@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from predictor import train
-from deployments.model_files import model_weights_hash
+from predictor.model_files import model_weights_hash
 from predictor.checkpoint import load_checkpoint
 from predictor.estimator import LengthEstimator, encode_prompt
 from predictor.features import FeatureConfig, extract_features, pad_left
@@ -79,11 +79,11 @@ def test_training_inputs_match_inference_inputs(dataset, cache_dir, tmp_path, me
     est = LengthEstimator.load(MODEL_DIR, path)
     _, splits = train.read_dataset(dataset, est.tokenizer)
     recipe = train.RECIPES[method]
-    cache = train.FeatureCache(cache_dir, est.meta.base_model_hash,
-                               FeatureConfig(aux_layer=train.DEFAULT_TRAIL_LAYER))
+    _, meta = est.heads[est.default]
+    cache = train.FeatureCache(cache_dir, meta.base_model_hash, FeatureConfig(aux_layer=train.DEFAULT_TRAIL_LAYER))
     from_cache = train.pooled_inputs(cache, splits["val"], recipe, debias=True)
     ids = [e.ids for e in splits["val"]]
     with torch.no_grad():
-        live = pool(extract_features(est.model, *pad_left(ids, 2), est.features), est.meta.pooling)
+        live = pool(extract_features(est.model, *pad_left(ids, 2), est.features), meta.pooling)
     assert torch.allclose(from_cache, live, rtol=1e-3, atol=1e-3)  # float16 cache
     assert len(est.predict(PROMPTS["val"])) == 2

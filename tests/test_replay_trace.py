@@ -16,7 +16,7 @@ def test_same_seed_same_trace_and_other_seed_differs():
 
 
 def test_requests_carry_capped_true_lengths_from_their_split():
-    from benchmarks.forelen.dataset import load_samples
+    from predictor.dataset import load_samples
 
     rows = load_samples(TINY, split="train")
     trace = build_trace(TINY, split="train", n=20, max_tokens=50, seed=0)
@@ -64,7 +64,7 @@ def test_trace_round_trips_through_jsonl(tmp_path):
 
 
 def test_max_true_tokens_keeps_only_answers_that_ended_within_it():
-    from benchmarks.forelen.dataset import load_samples
+    from predictor.dataset import load_samples
 
     limit = sorted(r["output_tokens"] for r in load_samples(TINY, split="train"))[10]
     trace = build_trace(TINY, split="train", n=30, max_true_tokens=limit, seed=0)

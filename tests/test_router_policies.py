@@ -22,6 +22,11 @@ def _policy(name, ctx=None):
     return POLICIES[name](ctx or _ctx())
 
 
+def _occupy(load: PoolLoad, pool: str, n: int = 1) -> None:
+    for _ in range(n):
+        load.queues[pool].offer(object(), now=0.0)
+
+
 def test_pool_of_uses_upper_inclusive_edges():
     assert [BINS.pool_of(t) for t in (1, 100, 101, 300, 301, 10_000)] == [
         "short", "short", "medium", "medium", "long", "long"]
@@ -65,9 +70,8 @@ def test_oracle_bins_the_true_length_and_needs_it():
 
 def test_ray_default_prefers_the_less_loaded_of_two_samples():
     ctx = _ctx()
-    for _ in range(5):
-        ctx.load.acquire("short")
-        ctx.load.acquire("medium")
+    _occupy(ctx.load, "short", 5)
+    _occupy(ctx.load, "medium", 5)
     policy = _policy("ray_default", ctx)
     # Two of the three possible pairs contain the idle long pool, and it wins them.
     share = sum(policy.choose(Job()) == "long" for _ in range(600)) / 600
@@ -83,20 +87,19 @@ def test_ray_default_weights_pools_by_replicas():
 def test_spillover_goes_to_the_nearest_pool_with_room_longer_first():
     load = PoolLoad(POOLS, {"short": 1, "medium": 1, "long": 1})
     assert load.spill("medium") == "medium"
-    load.acquire("medium")
+    _occupy(load, "medium")
     assert load.spill("medium") == "long"  # both neighbours free: the longer one
-    load.acquire("long")
+    _occupy(load, "long")
     assert load.spill("medium") == "short"
-    load.acquire("short")
+    _occupy(load, "short")
     assert load.spill("medium") == "medium"  # everything full: stay and queue
-    load.release("long")
+    load.queues["long"].release(now=1.0)
     assert load.spill("short") == "long"  # medium full: the next free pool further away
 
 
 def test_unlimited_pools_never_spill():
     load = PoolLoad(POOLS, {"short": None, "medium": 2, "long": 2})
-    for _ in range(100):
-        load.acquire("short")
+    _occupy(load, "short", 100)
     assert load.spill("short") == "short"
 
 
@@ -166,14 +169,51 @@ def test_bad_or_unexpected_benchmark_headers_are_400(enabled, headers, fragment)
     assert err.value.status == 400
 
 
-def test_priority_is_predicted_true_or_the_pools_longest():
-    from router.policies import priority
+def test_engine_priority_is_the_rank_or_the_pools_longest():
+    from router.decision import Decider
 
-    predicted = Job(prediction={"expected_tokens": 42.4, "bin": "short"}, true_tokens=500)
-    assert priority(predicted, "short", "estp", BINS, 4096, cap=None) == 42
-    assert priority(predicted, "short", "oracle", BINS, 4096, cap=None) == 500
-    assert priority(predicted, "short", "oracle", BINS, 4096, cap=64) == 64
-    assert [priority(Job(), pool, "input_length", BINS, 4096, None) for pool in POOLS] == [100, 300, 4096]
+    decider = Decider(_ctx(), POLICIES, "input_length")
+    predicted = Job(prediction={"expected_tokens": 42.4, "bin": "short", "quantiles": {"p90": 80.0}}, true_tokens=500)
+    assert decider.engine_priority(decider.decide(predicted, "estp"), 4096) == 42
+    assert decider.engine_priority(decider.decide(predicted, "oracle"), 4096) == 500
+    capped = Job(true_tokens=500, max_tokens=64)
+    assert decider.engine_priority(decider.decide(capped, "oracle"), 4096) == 64
+    blind = [decider.decide(Job(prompt_tokens=t), "input_length") for t in (10, 100, 500)]
+    assert [d.rank_tokens for d in blind] == [None] * 3
+    assert [decider.engine_priority(d, 4096) for d in blind] == [100, 300, 4096]
+
+
+def test_rank_by_a_quantile_and_length_blind_policies_rank_nothing():
+    from router.decision import Decider
+
+    job = Job(prompt_tokens=5, prediction={"expected_tokens": 40.0, "bin": "short", "quantiles": {"p90": 90.0}})
+    assert Decider(_ctx(), POLICIES, "input_length", rank_by="p90").decide(job, "estp_work").rank_tokens == 90.0
+    assert Decider(_ctx(), POLICIES, "input_length").decide(job, "ray_default").rank_tokens is None
+    assert Decider(_ctx(), POLICIES, "input_length", shortest_first=False).decide(job, "estp").rank_tokens is None
+
+
+def test_effective_length_counts_forced_tokens_and_every_sequence():
+    from router.policies import work_tokens
+
+    assert work_tokens(Job(max_tokens=500), 30) == 30
+    assert work_tokens(Job(max_tokens=500, ignore_eos=True), 30) == 500  # ignore_eos runs to the cap
+    assert work_tokens(Job(max_tokens=500, min_tokens=200), 30) == 200
+    assert work_tokens(Job(max_tokens=100), 300) == 100
+    assert work_tokens(Job(max_tokens=100, outputs=8), 30) == 240  # n = 8
+
+
+def test_a_forced_length_cannot_land_in_the_short_pool():
+    policy = _policy("estp")
+    short = {"bin": "short", "expected_tokens": 10.0}
+    assert policy.choose(Job(prediction=short, max_tokens=2000)) == "short"
+    assert policy.choose(Job(prediction=short, max_tokens=2000, ignore_eos=True)) == "long"
+    assert policy.choose(Job(prediction=short, max_tokens=2000, min_tokens=150)) == "medium"
+
+
+def test_work_policies_never_fall_back_and_pick_pools_as_ray_does():
+    chain = PolicyChain(_ctx(), ["estp_work"], "input_length")
+    pool, policy, reason = chain.choose(Job(prediction_failure="timeout"), "estp_work")
+    assert (policy, reason) == ("estp_work", None) and pool in POOLS
 
 
 def test_policy_chain_falls_back_to_the_fallback_then_round_robin():

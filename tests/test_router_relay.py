@@ -33,17 +33,18 @@ def test_route_headers_and_extension():
     prediction = {"expected_tokens": 123.4, "quantiles": {"p50": 100.0}, "bin": "medium",
                   "pool_probabilities": {"short": 0.2, "medium": 0.5, "long": 0.3}}
     route = Route(pool="long", policy="estp", prompt_tokens=40, prediction=prediction, priority=123,
-                  spilled_from="medium", routing_ms=12.34)
+                  spilled_from="medium", routing_ms=12.34, queued_ms=2500.0)
     assert route.headers() == {"X-Pool": "long", "X-Routing-Policy": "estp", "X-Routing-Ms": "12.3",
-                               "X-Predicted-Tokens": "123", "X-Length-Bin": "medium", "X-Spilled-From": "medium"}
+                               "X-Queue-Ms": "2500.0", "X-Predicted-Tokens": "123", "X-Length-Bin": "medium",
+                               "X-Spilled-From": "medium"}
     ext = route.extension()
     assert ext["length_prediction"]["prompt_tokens"] == 40 and ext["length_prediction"]["bin"] == "medium"
     assert ext["routing"] == {"pool": "long", "policy": "estp", "spilled_from": "medium", "fallback": None,
-                              "priority": 123, "routing_ms": 12.3}
+                              "priority": 123, "routing_ms": 12.3, "queued_ms": 2500.0}
     fallback = Route(pool="short", policy="input_length", prompt_tokens=40, prediction=None, priority=100,
                      fallback="timeout")
     assert fallback.headers() == {"X-Pool": "short", "X-Routing-Policy": "input_length", "X-Routing-Ms": "0.0",
-                                  "X-Routing-Fallback": "timeout"}
+                                  "X-Queue-Ms": "0.0", "X-Routing-Fallback": "timeout"}
     assert fallback.extension()["length_prediction"] is None
 
 

@@ -71,7 +71,7 @@ def test_decode_time_covers_every_generated_token():
 def test_the_router_classes_decide_and_the_oracle_lands_every_request_in_its_true_pool():
     workload, spec = _workload(rate=2.0), _spec(replicas=(4, 4, 4), max_ongoing=64)
     router = _router("oracle", spec)
-    assert isinstance(router._chain.policies["oracle"], POLICIES["oracle"])
+    assert isinstance(router.decider.chain.policies["oracle"], POLICIES["oracle"])
     out = simulate(workload, router, spec, LIMITS, MODEL)
     true_pools = [POOLS.index(BINS.pool_of(o)) for o in workload.output_tokens]
     assert out.pool.tolist() == true_pools

@@ -21,9 +21,9 @@ def _one_replica(arrivals, outputs, prompts=None, mode="continuous", batch_size=
     prompts = prompts or [10] * n
     workload = Workload(np.array(arrivals, float), np.array(prompts), np.array(outputs), np.full(n, 1024),
                         [Job(prompt_tokens=p) for p in prompts])
-    router = SimRouter("round_robin", "input_length", PoolBins(("only",), ()), [], {"only": 1}, {"only": 16},
-                       True, 4096)
     spec = ClusterSpec(pools=["only"], replicas={"only": 1}, max_ongoing_requests=16, mode=mode, batch_size=batch_size)
+    router = SimRouter("round_robin", "input_length", PoolBins(("only",), ()), [], {"only": 1}, spec.capacities(),
+                       True, 4096)
     return simulate(workload, router, spec, limits, model)
 
 

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from benchmarks.accuracy.metrics import by_scenario, over_seeds
 from benchmarks.accuracy.variants import Variant
-from benchmarks.forelen.dataset import load_samples
+from predictor.dataset import load_samples
 from benchmarks.forelen.datasheet import noise_floor_mae
 from predictor.head import LengthBins, LengthHead
 from predictor.losses import LossConfig

@@ -21,8 +21,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from predictor.dataset import META_FILE, SAMPLES_FILE
 from benchmarks.forelen.sources import (
     DEFAULT_DATA_DIR,
+    DEFAULT_HELDOUT_SAMPLES,
     DEFAULT_PROMPTS,
     DEFAULT_SAMPLES,
     PromptItem,
@@ -30,8 +32,6 @@ from benchmarks.forelen.sources import (
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "datasets" / "smollm2-135m-instruct"
-SAMPLES_FILE = "samples.jsonl"
-META_FILE = "meta.json"
 
 
 @dataclass
@@ -50,10 +50,16 @@ class GenerationSettings:
     seed: int = 0
     prompts: dict = field(default_factory=lambda: dict(DEFAULT_PROMPTS))
     samples: dict = field(default_factory=lambda: dict(DEFAULT_SAMPLES))
+    heldout_samples: dict = field(default_factory=lambda: dict(DEFAULT_HELDOUT_SAMPLES))
+
+
+# How many samples a prompt gets decides no length: a dataset may grow them (an extension appends
+# samples to prompts it already has), never shrink them, so meta.json always describes the file.
+SAMPLE_COUNTS = ("samples", "heldout_samples")
 
 
 def _model_identity(model_source: str) -> tuple[str, str, str]:
-    from deployments.model_files import EMBEDDED_MODEL_ID, model_weights_hash, resolve_model_source
+    from predictor.model_files import EMBEDDED_MODEL_ID, model_weights_hash, resolve_model_source
 
     path = resolve_model_source(model_source)
     model_id = EMBEDDED_MODEL_ID if model_source == "embedded" else model_source
@@ -73,16 +79,27 @@ def _done_keys(samples_path: Path) -> set[tuple[str, int]]:
     return done
 
 
+def _grown(have: dict | None, wanted: dict) -> bool:
+    have = have or {}
+    return all(wanted.get(k, 0) >= v for k, v in have.items())
+
+
 def _check_meta(out: Path, settings: GenerationSettings) -> None:
+    """Refuse other generation settings; record grown sample counts (an extension)."""
     meta_path = out / META_FILE
     wanted = asdict(settings)
     if meta_path.exists():
-        have = json.loads(meta_path.read_text())["settings"]
-        if have != wanted:
-            diff = {k: (have.get(k), v) for k, v in wanted.items() if have.get(k) != v}
+        meta = json.loads(meta_path.read_text())
+        have = meta["settings"]
+        diff = {k: (have.get(k), v) for k, v in wanted.items() if k not in SAMPLE_COUNTS and have.get(k) != v}
+        shrunk = [k for k in SAMPLE_COUNTS if not _grown(have.get(k), wanted[k])]
+        if diff or shrunk:
+            diff.update({k: (have.get(k), wanted[k]) for k in shrunk})
             raise SystemExit(
                 f"{out} was built with other settings {diff}; use another --out or delete it"
             )
+        if have != wanted:
+            meta_path.write_text(json.dumps({**meta, "settings": wanted}, indent=2) + "\n")
     else:
         out.mkdir(parents=True, exist_ok=True)
         meta_path.write_text(json.dumps({"settings": wanted, "format": 1}, indent=2) + "\n")
@@ -94,6 +111,7 @@ def build(
     data_dir: Path = DEFAULT_DATA_DIR,
     prompts: dict | None = None,
     samples: dict | None = None,
+    heldout_samples: dict | None = None,
     max_tokens: int = 1024,
     max_model_len: int = 4096,
     seed: int = 0,
@@ -118,6 +136,7 @@ def build(
         seed=seed,
         prompts={**DEFAULT_PROMPTS, **(prompts or {})},
         samples={**DEFAULT_SAMPLES, **(samples or {})},
+        heldout_samples={**DEFAULT_HELDOUT_SAMPLES, **(heldout_samples or {})},
     )
     out = Path(out)
     _check_meta(out, settings)
@@ -133,6 +152,7 @@ def build(
     items = select_prompts(
         Path(data_dir), settings.prompts, settings.samples, seed,
         accept=lambda text: len(text) < 4 * budget and len(prompt_ids(text)) <= budget,
+        heldout_samples=settings.heldout_samples,
     )
     work = [(it, k) for it in items for k in range(it.samples)]
     random.Random(seed).shuffle(work)  # interleave scenarios: a partial build covers all of them
@@ -206,13 +226,15 @@ def main() -> None:
     p.add_argument("--prompts", type=json.loads, default=None,
                    help='per-scenario prompt counts, e.g. \'{"longseq": 4, "rl": 2}\'')
     p.add_argument("--samples", type=json.loads, default=None, help="per-scenario samples per prompt")
+    p.add_argument("--heldout-samples", type=json.loads, default=None,
+                   help="per-scenario minimum samples of val and test prompts (their noise floor)")
     p.add_argument("--max-tokens", type=int, default=1024)
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--inflight", type=int, default=128, help="requests decoded together")
     p.add_argument("--kv-cache-gib", type=int, default=4)
     a = p.parse_args()
-    build(a.out, a.model, a.data_dir, a.prompts, a.samples, a.max_tokens, a.max_model_len,
+    build(a.out, a.model, a.data_dir, a.prompts, a.samples, a.heldout_samples, a.max_tokens, a.max_model_len,
           a.seed, a.inflight, a.kv_cache_gib)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.forelen.build import DEFAULT_OUT
-from benchmarks.forelen.dataset import load_meta, load_samples
+from predictor.dataset import load_meta, load_samples
 from benchmarks.forelen.sources import SCENARIOS
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -19,6 +19,9 @@ DEFAULT_DATA_DIR = Path(os.environ.get("FORELEN_DATA_DIR", REPO_ROOT.parent / "s
 SCENARIOS = ("longseq", "reasoning", "rl", "chat")
 DEFAULT_PROMPTS = {"longseq": 400, "reasoning": 400, "rl": 200, "chat": 600}
 DEFAULT_SAMPLES = {"longseq": 1, "reasoning": 1, "rl": 8, "chat": 1}
+# Val and test prompts get at least this many samples: the spread of one prompt's lengths is the
+# noise floor of every scenario, and a floor needs several samples of the same prompt.
+DEFAULT_HELDOUT_SAMPLES = {"longseq": 4, "reasoning": 4, "rl": 8, "chat": 4}
 SPLIT_FRACTIONS = (("train", 0.8), ("val", 0.1), ("test", 0.1))
 
 
@@ -90,8 +93,7 @@ def _assign_splits(items: list[PromptItem], rng: random.Random) -> list[PromptIt
     for k, (name, frac) in enumerate(SPLIT_FRACTIONS):
         stop = len(order) if k == len(SPLIT_FRACTIONS) - 1 else start + round(frac * len(order))
         for idx in order[start:stop]:
-            it = out[idx]
-            out[idx] = PromptItem(it.prompt_id, it.scenario, it.source, it.text, it.samples, name)
+            out[idx] = replace(out[idx], split=name)
         start = stop
     return out
 
@@ -102,14 +104,17 @@ def select_prompts(
     samples: dict[str, int] | None = None,
     seed: int = 0,
     accept=lambda text: True,
+    heldout_samples: dict[str, int] | None = None,
 ) -> list[PromptItem]:
     """Seeded, source-balanced choice per scenario; splits stratified by scenario.
 
     `accept` lets the builder drop prompts the engine cannot take (too long for the context),
-    before counting, so a scenario still gets its full size.
+    before counting, so a scenario still gets its full size. `heldout_samples` raises the sample
+    count of val and test prompts; it changes neither which prompts are chosen nor their splits.
     """
     prompts = {**DEFAULT_PROMPTS, **(prompts or {})}
     samples = {**DEFAULT_SAMPLES, **(samples or {})}
+    heldout = heldout_samples or {}
     chosen: list[PromptItem] = []
     for scenario in SCENARIOS:
         if prompts.get(scenario, 0) <= 0:
@@ -127,5 +132,8 @@ def select_prompts(
             )
             for source, sid, text in picked
         ]
-        chosen.extend(_assign_splits(items, rng))
+        chosen.extend(
+            replace(it, samples=max(it.samples, heldout.get(scenario, 0))) if it.split != "train" else it
+            for it in _assign_splits(items, rng)
+        )
     return chosen

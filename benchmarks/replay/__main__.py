@@ -69,7 +69,7 @@ def capped_edges(dataset: Path, cap: int, max_true_tokens: int | None, pools: in
     """
     import numpy as np
 
-    from benchmarks.forelen.dataset import load_samples
+    from predictor.dataset import load_samples
 
     train = [r["output_tokens"] for r in load_samples(dataset, split="train")]
     lengths = np.minimum([n for n in train if max_true_tokens is None or n <= max_true_tokens], cap)

@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from benchmarks.forelen.build import DEFAULT_OUT
-from benchmarks.forelen.dataset import load_meta, load_samples
+from predictor.dataset import load_meta, load_samples
 from benchmarks.forelen.sources import DEFAULT_DATA_DIR
 
 ARRIVALS = ("poisson", "azure", "mooncake")
@@ -43,6 +43,14 @@ class TraceRequest(BaseModel):
     temperature: float = 0.7
     true_output_tokens: int  # what the serving model produced for this prompt in the dataset
     prompt_tokens: int  # with the chat template, as the engine sees it
+    # The median length of the prompt's *other* samples (capped like the true length), or None
+    # with fewer than two others: what a perfect prompt-only predictor could know (the ceiling).
+    ceiling_tokens: int | None = None
+
+    def known_tokens(self, policy: str) -> int | None:
+        """The length a known-length policy is told (X-True-Output-Tokens): the prompt's median
+        for the ceiling, this sample's own for the oracles."""
+        return self.ceiling_tokens if policy == "ceiling" else self.true_output_tokens
 
     def body(self, model: str) -> dict:
         fields = {"messages": self.messages} if self.kind == "chat" else {"prompt": self.prompt}
@@ -123,6 +131,9 @@ def build_trace(
     if not rows:
         raise ValueError(f"no {split!r} samples in {dataset_dir} for scenarios {scenarios}")
     rows.sort(key=lambda r: (r["prompt_id"], r["sample_idx"]))  # file order depends on build timing
+    lengths: dict[str, dict[int, int]] = {}
+    for r in load_samples(dataset_dir, split=split):
+        lengths.setdefault(r["prompt_id"], {})[r["sample_idx"]] = min(r["output_tokens"], cap)
     rng = random.Random(seed)
     picked: list[dict] = []
     while len(picked) < n:
@@ -135,10 +146,19 @@ def build_trace(
             request_id=f"r{i:05d}", arrival_s=t, prompt_id=r["prompt_id"], scenario=r["scenario"], kind="chat",
             messages=[{"role": "user", "content": r["prompt"]}], max_tokens=cap,
             temperature=settings["temperature"], true_output_tokens=min(r["output_tokens"], cap),
-            prompt_tokens=r["prompt_tokens"],
+            prompt_tokens=r["prompt_tokens"], ceiling_tokens=_median_of_others(lengths[r["prompt_id"]], r["sample_idx"]),
         )
         for i, (r, t) in enumerate(zip(picked, times))
     ]
+
+
+def _median_of_others(samples: dict[int, int], own: int) -> int | None:
+    """Leave-one-out: the sample being replayed must not inform its own ceiling."""
+    others = sorted(n for k, n in samples.items() if k != own)
+    if len(others) < 2:
+        return None
+    mid = len(others) // 2
+    return others[mid] if len(others) % 2 else round((others[mid - 1] + others[mid]) / 2)
 
 
 def write_trace(path: Path, trace: list[TraceRequest]) -> None:

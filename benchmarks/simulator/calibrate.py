@@ -42,7 +42,7 @@ def stack_model(config_path: Path = REPO / "ray_config.yaml"):
 
 def _engine():
     from deployments.engine_pool import engine_env
-    from deployments.model_files import resolve_model_source
+    from predictor.model_files import resolve_model_source
 
     config, app_env = stack_model()
     for key, value in app_env.items():

@@ -1,9 +1,10 @@
 """The event loop: arrivals are routed to pools, pools hand requests to replicas, replicas step.
 
 A pool is a Ray Serve deployment of identical replicas, each accepting at most
-`max_ongoing_requests`; beyond that requests wait in the pool's handle queue (FCFS) until a
-replica frees a slot, and a free slot goes to the less busy of two sampled replicas (Ray's
-power-of-two choice). Open loop routes each request when it arrives (spillover, in-flight
+`max_ongoing_requests`; beyond that requests wait in the router's admission queue for the pool
+(router.admission: FIFO for length-blind policies, shortest-first with aging for the others)
+until a replica frees a slot, and a free slot goes to a replica chosen by `replica_choice`
+(benchmarks.simulator.replica_choice; Ray's power of two choices by default). Open loop routes each request when it arrives (spillover, in-flight
 counts); batch mode is the replay's batch-synchronous mode: every request is there at t = 0, the
 policy plans its pool beforehand (no spillover), and each replica decodes one group of
 `batch_size` at a time, taking the pool's next group in trace order when its group is done.
@@ -24,7 +25,9 @@ import numpy as np
 from pydantic import BaseModel
 
 from benchmarks.simulator.engine import Engine, EngineLimits, Sequence
+from benchmarks.simulator.replica_choice import REPLICA_CHOICE, ReplicaScore
 from benchmarks.simulator.routing import SimRouter
+from router.admission import Admission
 from benchmarks.simulator.step_time import StepTimeModel
 from router.policies import Job
 
@@ -38,14 +41,16 @@ class ClusterSpec(BaseModel):
     # Every step takes this many times the calibrated time: replicas sharing fewer cores than
     # they are (the replay's 3 one-thread engines on 2 cores: 1.5). 1: each has its own hardware.
     step_slowdown: float = 1.0
+    replica_choice: str = "pow2"  # benchmarks.simulator.replica_choice.REPLICA_CHOICE
 
     def per_replica(self) -> int:
         """Requests a replica holds: its ongoing limit, or exactly one group in batch mode."""
         return self.batch_size if self.mode == "batch" else self.max_ongoing_requests
 
     def capacities(self) -> dict[str, int]:
-        """Where PoolLoad counts a pool saturated: max_ongoing_requests x replicas, as the stack does."""
-        return {p: self.max_ongoing_requests * self.replicas[p] for p in self.pools}
+        """A pool's slots: what its replicas hold together (max_ongoing_requests x replicas, as the
+        stack counts them; in batch mode one group each)."""
+        return {p: self.per_replica() * self.replicas[p] for p in self.pools}
 
 
 @dataclass
@@ -57,6 +62,9 @@ class Workload:
     output_tokens: np.ndarray  # true lengths, >= 1
     max_tokens: np.ndarray
     jobs: list[Job]
+    # What prediction-informed replica choice reads: each request's predicted distribution
+    # (head bins, probabilities), or None (benchmarks.simulator.replica_choice).
+    distributions: list | None = None
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -72,24 +80,19 @@ class Outcome:
 
 
 class _Pool:
-    """A pool's replicas and its handle queue; `free` lists the replicas below their ongoing limit."""
+    """A pool's replicas; `free` lists the replicas below their ongoing limit. Waiting requests
+    are the router's business (its admission queue), not the pool's."""
 
-    def __init__(self, engines: list, max_ongoing: int, rng: random.Random):
-        self.engines, self.max_ongoing, self.rng = engines, max_ongoing, rng
+    def __init__(self, engines: list[Engine], max_ongoing: int, rng: random.Random, score: ReplicaScore):
+        self.engines, self.max_ongoing, self.rng, self.score = engines, max_ongoing, rng, score
         self.ongoing = [0] * len(engines)
-        self.queue: deque[int] = deque()
         self.free = list(range(len(engines)))
         self._slot = list(range(len(engines)))  # replica -> its position in `free`, -1 when full
 
-    def take(self) -> int | None:
-        """The less busy of two sampled replicas with room (Ray's power of two choices); one slot of it."""
-        if not self.free:
-            return None
-        if len(self.free) == 1:
-            k = self.free[0]
-        else:
-            a, b = self.rng.sample(self.free, 2)
-            k = a if self.ongoing[a] <= self.ongoing[b] else b
+    def take(self, now: float) -> int:
+        """A replica with room, by the pool's replica choice; one slot of it. The admission queue
+        only dispatches while the pool has a free slot, so there always is one."""
+        k = self.free[0] if len(self.free) == 1 else self.score.pick(self, now)
         self.ongoing[k] += 1
         if self.ongoing[k] >= self.max_ongoing:
             self._remove(k)
@@ -116,6 +119,7 @@ def simulate(
     rng = random.Random(seed)
     names = spec.pools
     pools, replica_pool, engines = [], [], []
+    score = REPLICA_CHOICE[spec.replica_choice](workload, rng)
     for p, name in enumerate(names):
         members = []
         for _ in range(spec.replicas[name]):
@@ -123,7 +127,11 @@ def simulate(
             members.append(len(engines))
             engines.append(engine)
             replica_pool.append((p, len(members) - 1))
-        pools.append(_Pool([engines[i] for i in members], spec.per_replica(), rng))
+        pools.append(_Pool([engines[i] for i in members], spec.per_replica(), rng, score))
+    queues = [router.load.queues[name] for name in names]
+    for name, q in zip(names, queues):
+        if q.slots != spec.capacities()[name]:  # the router would dispatch to replicas that have no room
+            raise ValueError(f"pool {name}: the router counts {q.slots} slots, its replicas hold {spec.capacities()[name]}")
     first_index = np.cumsum([0] + [spec.replicas[name] for name in names])
     version = [0] * len(engines)
     events: list[tuple[float, int, int]] = []  # (time, replica, version)
@@ -149,12 +157,9 @@ def simulate(
             if cut is not None:
                 schedule(r, cut)
 
-    def dispatch(p: int, i: int) -> int | None:
-        """The replica that takes request i now (the caller kicks it), or None: all are full."""
-        k = pools[p].take()
-        if k is None:
-            return None
-        r = int(first_index[p]) + k
+    def dispatch(p: int, i: int, now: float) -> int:
+        """The replica that takes request i now (the caller kicks it)."""
+        r = int(first_index[p]) + pools[p].take(now)
         engines[r].submit(seqs.pop(i))
         return r
 
@@ -166,16 +171,13 @@ def simulate(
             while next_arrival < n and workload.arrival[next_arrival] == now:
                 i = next_arrival
                 next_arrival += 1
-                decide = router.plan if planned else router.route
-                name, priority, decided_by[i] = decide(workload.jobs[i], int(workload.max_tokens[i]))
-                p = names.index(name)
+                decision, priority = router.route(workload.jobs[i], plan=planned)
+                decided_by[i] = decision.policy
+                p = names.index(decision.pool)
                 pool_of[i] = p
                 seqs[i] = Sequence(i, int(workload.prompt_tokens[i]), int(workload.output_tokens[i]), priority)
-                r = None if pools[p].queue else dispatch(p, i)
-                if r is None:
-                    pools[p].queue.append(i)
-                else:
-                    touched.add(r)
+                if queues[p].offer(i, now, decision.rank_tokens) is Admission.DISPATCH:
+                    touched.add(dispatch(p, i, now))
             for r in touched:
                 kick(r, now)
             continue
@@ -186,18 +188,12 @@ def simulate(
         for i in log.first_token:
             first_token[i] = now
         p, k = replica_pool[r]
+        touched = {r}  # slots freed at this boundary are filled before anyone schedules
         for i in log.finished:
             finish[i] = now
-            if not planned:
-                router.load.release(names[p])
             pools[p].give_back(k)
-        touched = {r}  # slots freed at this boundary are filled before anyone schedules
-        while pools[p].queue:
-            taker = dispatch(p, pools[p].queue[0])
-            if taker is None:
-                break
-            pools[p].queue.popleft()
-            touched.add(taker)
+            if (waiting := queues[p].release(now)) is not None:
+                touched.add(dispatch(p, waiting, now))
         for t in touched:
             kick(t, now)
     groups = [g for e in engines for g in e.groups]

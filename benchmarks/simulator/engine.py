@@ -82,6 +82,19 @@ class Engine:
         key = seq.priority if self.limits.shortest_first and self.batch_size is None else 0.0
         heapq.heappush(self._waiting, (key, next(self._order), seq))
 
+    def waiting(self):
+        """Requests submitted but not yet running."""
+        return (seq for _, _, seq in self._waiting)
+
+    def steps_done(self, now: float) -> int:
+        """Decode steps of the run in progress completed by `now` (sequences' `generated` counts
+        only finished runs)."""
+        if self.busy_until is None or self._run_decode is None:
+            return 0
+        seqs, kv = self._run_decode
+        done = self.model.decode_steps_within(seqs, kv, (now - self._run_start) / self._run_slowdown)
+        return min(done, self._run_steps)
+
     def kv_tokens(self) -> int:
         """Tokens in the KV cache: prompts prefilled so far plus tokens generated, of running sequences."""
         return self._kv

@@ -30,7 +30,7 @@ def measure(n: int = 40, rate: float = 0.4, max_tokens: int = 384, seed: int = 0
     from transformers import AutoTokenizer
 
     from benchmarks.simulator.predictions import router_ids
-    from deployments.model_files import resolve_model_source
+    from predictor.model_files import resolve_model_source
 
     setup = load_setup()
     trace = build_trace(split="test", n=n, arrival="poisson", rate=rate, seed=seed, max_tokens=max_tokens)

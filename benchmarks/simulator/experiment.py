@@ -13,29 +13,32 @@ from benchmarks.replay.trace import TraceRequest
 from benchmarks.simulator.cluster import Outcome, simulate
 from benchmarks.simulator.routing import SimRouter
 from benchmarks.simulator.setup import Setup
-from benchmarks.simulator.workload import build_workload, head_for
+from benchmarks.simulator.workload import build_workload, head_for, known_lengths
+from router.admission import QueueOrder
 
 MODES = {"open": "continuous", "batch": "batch"}
 
 
 def run(setup: Setup, trace: list[TraceRequest], policy: str, replicas: int, mode: str = "open",
         batch_size: int = 8, seed: int = 0, load_rps: float | None = None, sizing: str = "even",
-        noise: float = 0.0) -> list[RequestRecord]:
+        noise: float = 0.0, replica_choice: str = "pow2", order: QueueOrder | None = None) -> list[RequestRecord]:
     """Simulate `trace` under `policy` on `replicas` replicas; one record per request. `noise`
-    blurs the oracle's lengths (see benchmarks.simulator.workload)."""
+    blurs the oracle's lengths (see benchmarks.simulator.workload); `sizing` "single" puts every
+    replica in one pool; `order` overrides the configured queue order (router.admission)."""
     config = setup.config
     head = head_for(policy)
     trace = sorted(trace, key=lambda r: r.arrival_s)
     if mode == "batch":  # every request is there at t = 0, as in the replay's batch mode
         trace = [r.model_copy(update={"arrival_s": 0.0}) for r in trace]
-    workload = build_workload(
-        trace, setup.predictions[head], setup.head_bins[head], setup.pool_bins,
-        setup.max_prompt_tokens, oracle=policy == "oracle", noise=noise, seed=seed,
-    )
     spec = setup.cluster(replicas, MODES[mode], batch_size, sizing)
+    bins = setup.bins_for(spec.pools)
+    workload = build_workload(trace, setup.predictions[head], setup.head_bins[head], bins,
+                              setup.max_prompt_tokens, known_lengths(trace, policy, noise, seed))
+    spec = spec.model_copy(update={"replica_choice": replica_choice})
     router = SimRouter(
-        policy, config.router.fallback_policy, setup.pool_bins, config.router.input_edges or [], spec.replicas,
-        spec.capacities(), config.router.spillover, config.model.max_model_len, seed=seed,
+        policy, config.router.fallback_policy, bins, config.router.input_edges if len(spec.pools) > 1 else [],
+        spec.replicas, spec.capacities(), config.router.spillover, config.model.max_model_len, seed=seed,
+        order=order or setup.queue_order, shortest_first=config.router.shortest_first, rank_by=config.router.rank_by,
     )
     outcome = simulate(workload, router, spec, setup.limits, setup.model, seed=seed)
     return _records(trace, workload.jobs, outcome, spec.pools, policy, mode, load_rps)

@@ -16,7 +16,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks.forelen.dataset import load_samples
+from benchmarks.forelen.build import DEFAULT_OUT
+from predictor.dataset import load_samples
 from deployments.config import DEFAULT_CHECKPOINTS
 from predictor.head import LengthPrediction
 
@@ -77,14 +78,14 @@ def predict_all(max_prompt_tokens: int, batch: int = 32, threads: int = 2) -> di
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from deployments.model_files import EMBEDDED_MODEL_ID, model_weights_hash, resolve_model_source
+    from predictor.model_files import EMBEDDED_MODEL_ID, model_weights_hash, resolve_model_source
     from predictor.checkpoint import load_checkpoint
     from predictor.estimator import LengthEstimator
 
     torch.set_num_threads(threads)
     model_path = resolve_model_source("embedded")
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    prompts = {r["prompt_id"]: r["prompt"] for r in load_samples()}
+    prompts = {r["prompt_id"]: r["prompt"] for r in load_samples(DEFAULT_OUT)}
     ids = {pid: router_ids(tokenizer, EMBEDDED_MODEL_ID, text) for pid, text in prompts.items()}
     # The router never predicts longer prompts (predictor.max_prompt_tokens): they fall back.
     ids = {pid: i for pid, i in ids.items() if len(i) <= max_prompt_tokens}
@@ -100,7 +101,7 @@ def predict_all(max_prompt_tokens: int, batch: int = 32, threads: int = 2) -> di
         if model is None:
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         head, meta = load_checkpoint(DEFAULT_CHECKPOINTS / name / "head", model_weights_hash(model_path))
-        estimator = LengthEstimator(model, tokenizer, head, meta)
+        estimator = LengthEstimator(model, tokenizer, {name: (head, meta)})
         current = checkpoint_hash(name)
         todo.sort(key=lambda pid: len(ids[pid]))  # similar lengths share a padded micro-batch
         with cache_path(name).open("a") as fh:

@@ -1,18 +1,18 @@
-"""The router's pool choice for simulated requests, made by the router's own objects.
+"""The router's decisions for simulated requests, made by the router's own objects.
 
-Policies are the classes of router.policies, built on one PolicyContext whose PoolLoad the
-simulator acquires and releases as the ingress does (at routing, at the last token), so
-ray_default sees the same in-flight counts and spillover follows PoolLoad.spill; the
-shortest-first priority is router.policies.priority, and the fallback chain is the router's own
-router.policies.PolicyChain.
+Pool choice, spillover and the rank a request waits with come from router.decision.Decider, and
+admission (dispatch now, or wait in the pool's shortest-first queue) from the PoolLoad's
+router.admission queues, exactly as the ingress uses them; the simulator only supplies the clock.
 """
 
 from __future__ import annotations
 
 import random
 
+from router.admission import QueueOrder
+from router.decision import Decider, Decision, RankBy
 from router.length_bins import PoolBins
-from router.policies import Job, PolicyChain, PolicyContext, priority
+from router.policies import Job, PolicyContext
 from router.pool_load import PoolLoad
 
 
@@ -20,28 +20,18 @@ class SimRouter:
     def __init__(
         self, policy: str, fallback: str, bins: PoolBins, input_edges: list[int], replicas: dict[str, int],
         capacities: dict[str, int | None], spillover: bool, max_model_len: int, seed: int = 0,
+        order: QueueOrder = QueueOrder(), shortest_first: bool = True, rank_by: RankBy = "mean",
     ):
         names = list(bins.names)
-        self.load = PoolLoad(names, capacities)
+        self.load = PoolLoad(names, capacities, order=order)
         ctx = PolicyContext(pools=names, output_bins=bins, input_edges=input_edges, replicas=replicas,
                             load=self.load, rng=random.Random(seed))
-        self.policy_name, self.fallback_name = policy, fallback
-        self._chain = PolicyChain(ctx, [policy], fallback)
-        self._bins, self._spillover, self._max_model_len = bins, spillover, max_model_len
+        self.policy_name = policy
+        self.decider = Decider(ctx, [policy], fallback, spillover, shortest_first, rank_by)
+        self._max_model_len = max_model_len
 
-    def _choose(self, job: Job) -> tuple[str, str]:
-        pool, policy, _ = self._chain.choose(job, self.policy_name)
-        return pool, policy
-
-    def route(self, job: Job, cap: int | None) -> tuple[str, int, str]:
-        """(pool, priority, deciding policy) for a request arriving now; it counts in flight from here on."""
-        chosen, policy = self._choose(job)
-        pool = self.load.spill(chosen) if self._spillover else chosen
-        self.load.acquire(pool)
-        return pool, priority(job, chosen, policy, self._bins, self._max_model_len, cap), policy
-
-    def plan(self, job: Job, cap: int | None) -> tuple[str, int, str]:
-        """The pool the policy picks before anything is sent (batch mode's /v1/length planning):
-        no spillover, nothing counted in flight."""
-        chosen, policy = self._choose(job)
-        return chosen, priority(job, chosen, policy, self._bins, self._max_model_len, cap), policy
+    def route(self, job: Job, plan: bool = False) -> tuple[Decision, int]:
+        """The decision for a request arriving now and its vLLM priority. `plan`: batch mode's
+        /v1/length planning, before anything is sent (no spillover)."""
+        decision = self.decider.decide(job, self.policy_name, spill=not plan)
+        return decision, self.decider.engine_priority(decision, self._max_model_len)

@@ -25,9 +25,10 @@ def replica_capacity_rps(setup: Setup, split: str = "test") -> float:
     """Requests/s one replica sustains when full (max_ongoing_requests decoding together), from
     the step-time model and the split's mean prompt and output lengths: each request costs its
     prefill plus its share of the full batch's decode steps."""
-    from benchmarks.forelen.dataset import load_samples
+    from benchmarks.forelen.build import DEFAULT_OUT
+    from predictor.dataset import load_samples
 
-    rows = load_samples(split=split)
+    rows = load_samples(DEFAULT_OUT, split=split)
     prompt = sum(r["prompt_tokens"] for r in rows) / len(rows)
     output = sum(r["output_tokens"] for r in rows) / len(rows)
     batch = min(setup.config.pools[0].deployment.get("max_ongoing_requests", 16), setup.limits.max_num_seqs)

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.forelen.build import DEFAULT_OUT
 from benchmarks.simulator.calibrate import CALIBRATION, stack_model
 from benchmarks.simulator.cluster import ClusterSpec
 from benchmarks.simulator.engine import EngineLimits
@@ -18,8 +19,12 @@ from benchmarks.simulator.predictions import CHECKPOINTS, load_cache
 from benchmarks.simulator.step_time import StepTimeModel
 from deployments.config import DEFAULT_CHECKPOINTS, StackConfig
 from predictor.checkpoint import load_checkpoint
+from predictor.dataset import load_samples
 from predictor.head import LengthBins, LengthPrediction
-from router.length_bins import PoolBins
+from router.admission import QueueOrder
+from router.length_bins import PoolBins, training_quantile
+
+SINGLE_POOL = "default"
 
 
 @dataclass
@@ -31,6 +36,7 @@ class Setup:
     head_bins: dict[str, LengthBins]
     predictions: dict[str, dict[str, LengthPrediction]]  # head -> prompt_id -> prediction
     calibration: dict
+    queue_order: QueueOrder = QueueOrder()  # the router's admission queue (router.queue)
 
     @property
     def pools(self) -> list[str]:
@@ -45,12 +51,11 @@ class Setup:
         """Per head on `split`: MAE of the expected length and how often its pool (`bin`) is the
         true length's pool; the predictions the simulator routes on, judged where the heads
         never trained."""
-        from benchmarks.forelen.dataset import load_samples
 
         cap = max(self.head_bins["estp"].max_tokens, 1)
         out = {}
         for head, predictions in self.predictions.items():
-            rows = [r for r in load_samples(split=split) if r["prompt_id"] in predictions]
+            rows = [r for r in load_samples(DEFAULT_OUT, split=split) if r["prompt_id"] in predictions]
             if not rows:
                 continue
             described = [self.pool_bins.describe(predictions[r["prompt_id"]], self.head_bins[head], cap) for r in rows]
@@ -59,24 +64,32 @@ class Setup:
             routed = {p: sum(d["bin"] == p for d in described) / len(rows) for p in self.pools}
             out[head] = {"samples": len(rows), "mae_tokens": sum(errors) / len(rows),
                          "pool_accuracy": sum(hits) / len(rows), "routed_share": routed}
-        truth = [self.pool_bins.pool_of(r["output_tokens"]) for r in load_samples(split=split)]
+        truth = [self.pool_bins.pool_of(r["output_tokens"]) for r in load_samples(DEFAULT_OUT, split=split)]
         out["true_share"] = {p: truth.count(p) / len(truth) for p in self.pools} if truth else {}
         return out
 
     def work_shares(self) -> dict[str, float]:
         """Each pool's share of the decode work (output tokens) of the training split under the
         pools' output edges: what a deployer who knows their traffic would size the pools by."""
-        from benchmarks.forelen.dataset import load_samples
 
         tokens = dict.fromkeys(self.pools, 0)
-        for row in load_samples(split="train"):
+        for row in load_samples(DEFAULT_OUT, split="train"):
             tokens[self.pool_bins.pool_of(row["output_tokens"])] += row["output_tokens"]
         total = sum(tokens.values())
         return {name: t / total for name, t in tokens.items()}
 
+    def bins_for(self, pools: list[str]) -> PoolBins:
+        """The configured pools' output edges, or one open-ended pool for a single-pool layout."""
+        return self.pool_bins if pools == self.pools else PoolBins(tuple(pools), ())
+
     def cluster(self, replicas: int, mode: str, batch_size: int, sizing: str = "even") -> ClusterSpec:
         """`replicas` over the pools: evenly (as ray_config.yaml's one replica each) or by work share,
-        at least one each, largest remainders first."""
+        at least one each, largest remainders first; "single": all in one pool (Ray Serve's default
+        deployment, the layout the work policies need)."""
+        per_replica = self.config.pools[0].deployment.get("max_ongoing_requests", 16)
+        if sizing == "single":
+            return ClusterSpec(pools=[SINGLE_POOL], replicas={SINGLE_POOL: replicas}, max_ongoing_requests=per_replica,
+                               mode=mode, batch_size=batch_size)
         names = self.pools
         shares = dict.fromkeys(names, 1 / len(names)) if sizing == "even" else self.work_shares()
         spare = replicas - len(names)
@@ -85,7 +98,6 @@ class Setup:
         by_remainder = sorted(names, key=lambda n: (exact[n] - int(exact[n]), names.index(n)), reverse=True)
         for name in by_remainder[: replicas - sum(counts.values())]:
             counts[name] += 1
-        per_replica = self.config.pools[0].deployment.get("max_ongoing_requests", 16)
         return ClusterSpec(pools=names, replicas=counts, max_ongoing_requests=per_replica, mode=mode,
                            batch_size=batch_size)
 
@@ -105,4 +117,5 @@ def load_setup(calibration: Path = CALIBRATION) -> Setup:
         config=config, model=StepTimeModel(**cal["model"]), limits=limits, pool_bins=pool_bins,
         head_bins={name: meta.bins for name, meta in metas.items()},
         predictions={name: load_cache(name) for name in CHECKPOINTS}, calibration=cal,
+        queue_order=config.router.queue.order(training_quantile(metas["estp"].bins, 0.5)),
     )

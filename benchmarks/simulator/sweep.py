@@ -17,7 +17,7 @@ from pathlib import Path
 from benchmarks.replay.trace import build_trace
 from benchmarks.simulator.scale import gains, replica_capacity_rps, simulate_jobs
 from benchmarks.simulator.setup import Setup
-from benchmarks.simulator.workload import build_workload, head_for
+from benchmarks.simulator.workload import build_workload, head_for, known_lengths
 
 NOISE = (0.0, 0.25, 0.5, 1.0, 1.5, 2.5)
 BASELINES = ("round_robin", "ray_default")
@@ -30,7 +30,7 @@ def pool_accuracy(setup: Setup, trace, policy: str, noise: float, seed: int) -> 
     head = head_for(policy)
     trace = sorted(trace, key=lambda r: r.arrival_s)
     jobs = build_workload(trace, setup.predictions[head], setup.head_bins[head], setup.pool_bins,
-                          setup.max_prompt_tokens, oracle=policy == "oracle", noise=noise, seed=seed).jobs
+                          setup.max_prompt_tokens, known_lengths(trace, policy, noise, seed)).jobs
     pool_of = setup.pool_bins.pool_of
     hits = [(pool_of(j.true_tokens) if policy == "oracle" else j.prediction["bin"]) == pool_of(r.true_output_tokens)
             for j, r in zip(jobs, trace) if policy == "oracle" or j.prediction is not None]

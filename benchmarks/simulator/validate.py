@@ -21,7 +21,8 @@ from benchmarks.replay.metrics import summarise
 from benchmarks.replay.records import RequestRecord, read_records
 from benchmarks.simulator.cluster import ClusterSpec, Workload, simulate
 from benchmarks.simulator.setup import Setup
-from router.policies import Job, priority
+from router.decision import Decider, Decision
+from router.policies import Job, PolicyContext
 from router.pool_load import PoolLoad
 
 # Not the padding ratio: pools, groups and lengths are pinned to the real ones, so it matches by construction.
@@ -29,23 +30,18 @@ COMPARED = ("mean_jct_s", "p50_jct_s", "p99_jct_s", "mean_ttft_s", "throughput_t
 
 
 class PinnedRoutes:
-    """Sends every request where the measurement says it went, with the priority it had there."""
+    """Sends every request where the measurement says it went, with the priority it had there;
+    beyond the replicas' limits they wait in arrival order, as in Ray Serve's queue."""
 
-    def __init__(self, pools: list[str], pinned: list[tuple[str, int]]):
-        self.load = PoolLoad(pools, dict.fromkeys(pools))
+    def __init__(self, spec: ClusterSpec, pinned: list[tuple[str, int]]):
+        self.load = PoolLoad(spec.pools, spec.capacities())
         self._pinned = pinned
         self._next = 0
 
-    def route(self, job: Job, cap: int | None) -> tuple[str, int, str]:
+    def route(self, job: Job, plan: bool = False) -> tuple[Decision, int]:
         pool, priority = self._pinned[self._next]
         self._next += 1
-        self.load.acquire(pool)
-        return pool, priority, "pinned"
-
-    def plan(self, job: Job, cap: int | None) -> tuple[str, int, str]:
-        pool, priority = self._pinned[self._next]
-        self._next += 1
-        return pool, priority, "pinned"
+        return Decision(pool, pool, "pinned", None, None), priority
 
 
 def _errors(real: dict, sim: dict) -> dict:
@@ -66,7 +62,7 @@ def _simulate_records(setup: Setup, records: list[RequestRecord], priorities: li
         output_tokens=np.array([max(1, r.completion_tokens) for r in records]),
         max_tokens=np.full(n, setup.config.model.max_model_len), jobs=[Job()] * n,
     )
-    routes = PinnedRoutes(spec.pools, [(r.pool, p) for r, p in zip(records, priorities)])
+    routes = PinnedRoutes(spec, [(r.pool, p) for r, p in zip(records, priorities)])
     out = simulate(workload, routes, spec, setup.limits, setup.model)
     group_of = {i: g for g, members in enumerate(out.groups) for i in members}
     return [r.model_copy(update={"first_token_s": float(out.first_token[i]), "finish_s": float(out.finish[i]),
@@ -74,11 +70,13 @@ def _simulate_records(setup: Setup, records: list[RequestRecord], priorities: li
             for i, r in enumerate(records)]
 
 
-def _priority(setup: Setup, r: RequestRecord) -> int:
-    """What the router gave the request to schedule on (router.policies.priority), from its record."""
+def _priority(setup: Setup, decider: Decider, r: RequestRecord) -> int:
+    """What the router gave the request to schedule on (Decider.engine_priority), from its record."""
     job = Job(prediction=None if r.predicted_tokens is None else {"expected_tokens": r.predicted_tokens},
               true_tokens=r.true_output_tokens if r.policy == "oracle" else None)
-    return priority(job, r.pool, r.routed_policy or r.policy, setup.pool_bins, setup.config.model.max_model_len, None)
+    policy = r.routed_policy or r.policy
+    decision = Decision(r.pool, r.pool, policy, None, decider.rank(job, policy))
+    return decider.engine_priority(decision, setup.config.model.max_model_len)
 
 
 def _golden_min(f, lo: float, hi: float, iterations: int = 24) -> float:
@@ -108,6 +106,9 @@ def against_replay(setup: Setup, path: Path) -> dict:
         by_run[(r.policy, r.mode)].append(r)
     replicas = {p.name: p.replicas() for p in setup.config.pools}
     shared = max(1.0, sum(replicas.values()) / setup.calibration["settings"]["cpus"])
+    # Ranks and priorities need no policy objects, only the pools' edges.
+    decider = Decider(PolicyContext(setup.pools, setup.pool_bins, [], replicas, PoolLoad(setup.pools, {})), [],
+                      "round_robin")
     runs = {}
     for (policy, mode), records in sorted(by_run.items()):
         ok = sorted((r for r in records if r.status == "ok"), key=lambda r: (r.arrival_s, r.request_id))
@@ -120,7 +121,7 @@ def against_replay(setup: Setup, path: Path) -> dict:
         spec = ClusterSpec(pools=setup.pools, replicas=replicas,
                            max_ongoing_requests=setup.config.pools[0].deployment.get("max_ongoing_requests", 16),
                            mode="batch" if mode == "batch" else "continuous", batch_size=batch_size)
-        priorities = [_priority(setup, r) for r in ok]
+        priorities = [_priority(setup, decider, r) for r in ok]
         runs[f"{policy}/{mode}"] = (ok, len(records) - len(ok), spec, priorities, summarise(ok, batch_size))
 
     def simulated(key: str, slowdown: float) -> dict:

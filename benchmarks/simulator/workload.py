@@ -2,9 +2,10 @@
 
 The trace (benchmarks.replay.trace) gives arrivals, prompts and true lengths; the prediction
 caches give the predictor's answer for each prompt, described (pool masses, capped expected
-length, `bin`) exactly as the prediction deployment describes it for the router. Prompts longer
-than the predictor's `max_prompt_tokens` get no prediction, as in the router, and the policy
-falls back. The oracle can be given noise (`noise` = sigma of a log-normal factor on each true
+length, `bin`) exactly as the router describes it. Prompts longer than the predictor's
+`max_prompt_tokens` get no prediction, as in the router, and the policy falls back. Known-length
+policies are told the true length (the oracles) or the prompt's median over its other samples
+(the ceiling). The oracle can be given noise (`noise` = sigma of a log-normal factor on each true
 length) to stand for a predictor of any accuracy between perfect and useless.
 """
 
@@ -16,13 +17,12 @@ from benchmarks.replay.trace import TraceRequest
 from benchmarks.simulator.cluster import Workload
 from predictor.head import LengthBins, LengthPrediction
 from router.length_bins import PoolBins
-from router.policies import Job
-
-HEAD_OF_POLICY = {"egtp": "egtp"}  # every other policy runs beside the ESTP head, as the stack does
+from router.policies import KNOWN_LENGTH, Job
 
 
 def head_for(policy: str) -> str:
-    return HEAD_OF_POLICY.get(policy, "estp")
+    """egtp and egtp_work read the EGTP head; every other policy runs beside the ESTP head, as the stack does."""
+    return "egtp" if policy.startswith("egtp") else "estp"
 
 
 def oracle_tokens(trace: list[TraceRequest], noise: float = 0.0, seed: int = 0) -> list[int]:
@@ -34,14 +34,22 @@ def oracle_tokens(trace: list[TraceRequest], noise: float = 0.0, seed: int = 0) 
     return [max(1, round(t * float(f))) for t, f in zip(true, factor)]
 
 
+def known_lengths(trace: list[TraceRequest], policy: str, noise: float = 0.0, seed: int = 0) -> list[int | None] | None:
+    """What a known-length policy is told about each request (X-True-Output-Tokens), else None."""
+    if policy not in KNOWN_LENGTH:
+        return None
+    if policy == "ceiling":
+        return [r.ceiling_tokens for r in trace]
+    return oracle_tokens(trace, noise, seed)
+
+
 def build_workload(
     trace: list[TraceRequest], predictions: dict[str, LengthPrediction], head_bins: LengthBins, pools: PoolBins,
-    max_prompt_tokens: int, oracle: bool, noise: float = 0.0, seed: int = 0,
+    max_prompt_tokens: int, known: list[int | None] | None = None,
 ) -> Workload:
-    trace = sorted(trace, key=lambda r: r.arrival_s)
-    known = oracle_tokens(trace, noise, seed) if oracle else [None] * len(trace)
-    jobs, described = [], {}  # resampled traces repeat prompts: describe each (prompt, cap) once
-    for r, true_tokens in zip(trace, known):
+    """`trace` sorted by arrival; `known` (known_lengths of the same order) for known-length policies."""
+    jobs, described, distributions = [], {}, []  # resampled traces repeat prompts: describe each (prompt, cap) once
+    for i, r in enumerate(trace):
         prediction, failure = None, None
         if r.prompt_tokens > max_prompt_tokens:
             failure = "prompt_too_long"
@@ -52,12 +60,17 @@ def build_workload(
             if key not in described:
                 described[key] = pools.describe(predictions[r.prompt_id], head_bins, r.max_tokens)
             prediction = described[key]
+        true_tokens = None if known is None else known[i]
         jobs.append(Job(prompt_tokens=r.prompt_tokens, prediction=prediction, prediction_failure=failure,
-                        true_tokens=true_tokens))
+                        true_tokens=true_tokens, max_tokens=r.max_tokens))
+        if true_tokens is not None:
+            distributions.append(int(true_tokens))
+        else:
+            distributions.append(None if prediction is None else (head_bins, predictions[r.prompt_id].probabilities))
     return Workload(
         arrival=np.array([r.arrival_s for r in trace], dtype=float),
         prompt_tokens=np.array([r.prompt_tokens for r in trace], dtype=np.int64),
         output_tokens=np.array([max(1, r.true_output_tokens) for r in trace], dtype=np.int64),
         max_tokens=np.array([r.max_tokens for r in trace], dtype=np.int64),
-        jobs=jobs,
+        jobs=jobs, distributions=distributions,
     )

@@ -1,14 +1,19 @@
-"""Read a built ForeLen-style dataset: the one place that knows its files."""
+"""Read a built ForeLen-style dataset: the one place that knows its files.
+
+The builder (benchmarks.forelen.build) writes them; the predictor's training and every benchmark
+read them through here, so the predictor needs nothing from the benchmarks to train.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from benchmarks.forelen.build import DEFAULT_OUT, META_FILE, SAMPLES_FILE
+SAMPLES_FILE = "samples.jsonl"
+META_FILE = "meta.json"
 
 
-def load_samples(root: Path = DEFAULT_OUT, split: str | None = None, scenario: str | None = None,
+def load_samples(root: Path, split: str | None = None, scenario: str | None = None,
                  first: int | None = None) -> list[dict]:
     """Samples, optionally of one split/scenario. `first` keeps the first N samples built: the
     builder only appends, so a prefix is a frozen snapshot that results on a still-growing
@@ -27,5 +32,5 @@ def load_samples(root: Path = DEFAULT_OUT, split: str | None = None, scenario: s
     return rows
 
 
-def load_meta(root: Path = DEFAULT_OUT) -> dict:
+def load_meta(root: Path) -> dict:
     return json.loads((Path(root) / META_FILE).read_text())

@@ -1,0 +1,70 @@
+"""One routing decision, made the same way for the HTTP router and the simulator: choose, spill, rank.
+
+`Decider.decide` asks the policy chain for a pool, applies spillover, and says what the request
+ranks by in the pool's queue: its work in tokens (router.policies.work_tokens), from the true
+length for the oracle and ceiling, from the prediction for the predicted policies, and unknown
+(the queue's prior) for length-blind ones or while a prediction is missing. `rank_by` picks which
+statistic of the predicted distribution stands for a request: the mean, or a quantile (p90 is
+tail-aware: a request that might run long waits behind ones that surely will not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from router.length_bins import PoolBins
+from router.policies import KNOWN_LENGTH, POLICIES, Job, PolicyChain, PolicyContext, work_tokens
+
+RankBy = Literal["mean", "p50", "p90"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    pool: str  # where it is served (after spillover)
+    chosen: str  # what the policy picked
+    policy: str  # the policy that decided: the one asked, or the fallback
+    fallback: str | None  # why the one asked could not decide
+    rank_tokens: float | None  # its work in tokens for the queue; None: unknown (yet)
+
+    @property
+    def spilled_from(self) -> str | None:
+        return self.chosen if self.pool != self.chosen else None
+
+
+class Decider:
+    def __init__(self, ctx: PolicyContext, policies: Iterable[str], fallback: str, spillover: bool = True,
+                 shortest_first: bool = True, rank_by: RankBy = "mean"):
+        self.chain = PolicyChain(ctx, policies, fallback)
+        self.load = ctx.load
+        self.bins: PoolBins = ctx.output_bins
+        self._spillover = spillover
+        self._shortest_first = shortest_first
+        self._rank_by = rank_by
+
+    def decide(self, job: Job, policy: str, spill: bool = True) -> Decision:
+        pool, decided_by, reason = self.chain.choose(job, policy)
+        served = self.load.spill(pool) if spill and self._spillover else pool
+        return Decision(served, pool, decided_by, reason, self.rank(job, decided_by))
+
+    def rank(self, job: Job, policy: str) -> float | None:
+        """The request's work in tokens as `policy` sees it, or None when it knows none."""
+        if not (self._shortest_first and POLICIES[policy].ranks_queue):
+            return None
+        if policy in KNOWN_LENGTH:
+            natural = job.true_tokens
+        elif job.prediction is not None:
+            p = job.prediction
+            natural = p["expected_tokens"] if self._rank_by == "mean" else p["quantiles"][self._rank_by]
+        else:
+            natural = None
+        return None if natural is None else work_tokens(job, natural)
+
+    def engine_priority(self, decision: Decision, max_model_len: int) -> int:
+        """vLLM's `priority` inside the pool (lower first): the rank, or the pool's longest when it
+        is unknown, so unranked requests never jump ahead of predicted short ones."""
+        if decision.rank_tokens is not None:
+            return round(decision.rank_tokens)
+        i = self.bins.names.index(decision.chosen)
+        return round(self.bins.edges[i]) if i < len(self.bins.edges) else max_model_len
