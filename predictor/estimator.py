@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from predictor.checkpoint import CheckpointMeta, load_checkpoint
-from predictor.features import FeatureConfig, check_supported, extract_features, micro_batches, pad_left
+from predictor.features import (FeatureConfig, PrefillFeatures, check_supported, extract_features, micro_batches,
+                                pad_left)
 from predictor.head import LengthHead, LengthPrediction, summarise
 from predictor.model_files import model_weights_hash
 from predictor.pooling import pool
@@ -54,6 +55,17 @@ def shared_features(metas: list[CheckpointMeta]) -> FeatureConfig:
         layer=metas[0].feature_layer, entropy=any(e for e, _ in needs), attention=any(a for _, a in needs),
         debias=debias.pop() if debias else metas[0].debias,
     )
+
+
+def head_predictions(heads: Heads, features: PrefillFeatures) -> list[dict[str, LengthPrediction]]:
+    """Every head's prediction for each prompt of a batch of features: the one place a head is
+    applied, for live prefills and for cached features alike."""
+    rows: list[dict[str, LengthPrediction]] = [{} for _ in range(features.mask.shape[0])]
+    for name, (head, meta) in heads.items():
+        probs = torch.softmax(head(pool(features, meta.pooling)), dim=-1)
+        for row, prediction in zip(rows, summarise(probs, meta.bins)):
+            row[name] = prediction
+    return rows
 
 
 class LengthEstimator:
@@ -117,12 +129,8 @@ class LengthEstimator:
             members = [valid[g] for g in group]
             input_ids, mask = pad_left([ids[i] for i in members], self.pad_id)
             features = extract_features(self.model, input_ids, mask, self.features)
-            for i in members:
-                results[i] = {}
-            for name, (head, meta) in self.heads.items():
-                probs = torch.softmax(head(pool(features, meta.pooling)), dim=-1)
-                for i, prediction in zip(members, summarise(probs, meta.bins)):
-                    results[i][name] = prediction
+            for i, row in zip(members, head_predictions(self.heads, features)):
+                results[i] = row
         return results
 
     def predict(self, prompts: Sequence[Prompt]) -> list[LengthPrediction]:

@@ -102,3 +102,29 @@ def test_ray_default_reads_in_flight_counts_through_the_shared_pool_load():
     out = simulate(workload, _router("ray_default", spec), spec, LIMITS, MODEL)
     counts = np.bincount(out.pool, minlength=3)
     assert counts[2] > counts[0] + counts[1]  # the pool with most replicas draws most requests
+
+
+def _single_pool(policy, order, n=300, rate=40.0, replica_choice="pow2"):
+    from router.admission import QueueOrder
+
+    workload = _workload(n=n, rate=rate)
+    spec = ClusterSpec(pools=["one"], replicas={"one": 3}, max_ongoing_requests=4, replica_choice=replica_choice)
+    router = SimRouter(policy, "round_robin", PoolBins(("one",), ()), [], spec.replicas, spec.capacities(), True,
+                       4096, order=QueueOrder(max_overtake_s=order))
+    return workload, router, simulate(workload, router, spec, LIMITS, MODEL)
+
+
+def test_work_policies_order_the_shared_queue_shortest_first_within_the_aging_bound():
+    workload, _, fifo = _single_pool("ray_default", order=30.0)
+    _, router, sjf = _single_pool("oracle_work", order=30.0)
+    jct = lambda out: (out.finish - workload.arrival)
+    assert jct(sjf).mean() < 0.9 * jct(fifo).mean()  # overloaded: shortest-first pays
+    stats = router.load.queues["one"].stats
+    assert stats.queued > 0 and stats.reordered > 0
+
+
+@pytest.mark.parametrize("choice", ["pow2", "least_inflight", "pow2_work", "pow2_running"])
+def test_every_replica_choice_serves_every_request(choice):
+    workload, router, out = _single_pool("oracle_work", order=30.0, replica_choice=choice)
+    assert not np.isnan(out.finish).any()
+    assert router.load.inflight("one") == 0

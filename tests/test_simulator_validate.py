@@ -13,7 +13,7 @@ from tests.sim_setup import tiny_setup, tiny_trace
 @pytest.mark.parametrize("mode", ["open", "batch"])
 def test_the_simulator_validated_against_its_own_records_shows_no_error(tmp_path, mode):
     setup, trace = tiny_setup(), tiny_trace()
-    records = run(setup, trace, "oracle", 3, mode, batch_size=4) + run(setup, trace, "round_robin", 3, mode, batch_size=4)
+    records = run(setup, trace, "oracle", 3, mode, batch_size=4).records + run(setup, trace, "round_robin", 3, mode, batch_size=4).records
     write_records(tmp_path / "replay.jsonl", records)
     result = against_replay(setup, tmp_path / "replay.jsonl")
     assert set(result["runs"]) == {f"oracle/{mode}", f"round_robin/{mode}"}
@@ -29,7 +29,7 @@ def test_the_simulator_validated_against_its_own_records_shows_no_error(tmp_path
 def test_the_fitted_slowdown_recovers_an_engine_twice_as_slow_as_calibrated(tmp_path):
     setup, trace = tiny_setup(), tiny_trace()
     slow = StepTimeModel(**{k: 2 * v for k, v in setup.model.model_dump().items()})
-    records = run(replace(setup, model=slow), trace, "oracle", 3, "open", batch_size=4)
+    records = run(replace(setup, model=slow), trace, "oracle", 3, "open", batch_size=4).records
     write_records(tmp_path / "replay.jsonl", records)
     result = against_replay(setup, tmp_path / "replay.jsonl")
     assert result["fitted_slowdown"] == pytest.approx(2.0, rel=1e-3)

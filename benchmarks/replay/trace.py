@@ -74,8 +74,9 @@ def trace_gaps(name: str, data_dir: Path = DEFAULT_DATA_DIR) -> list[float]:
 def arrival_times(n: int, arrival: str, rate: float, rng: random.Random, data_dir: Path = DEFAULT_DATA_DIR) -> list[float]:
     """n arrival times starting at 0 with mean rate `rate` requests/s.
 
-    Real traces: a window of n - 1 consecutive gaps from a seeded start, scaled so its mean gap is
-    1 / rate; the window keeps the trace's bursts and lulls, only faster or slower.
+    Real traces: a window of n - 1 consecutive gaps from a seeded start (wrapping around to the
+    trace's beginning when n is longer than the trace), scaled so its mean gap is 1 / rate; the
+    window keeps the trace's bursts and lulls, only faster or slower.
     """
     if n <= 0:
         return []
@@ -85,10 +86,8 @@ def arrival_times(n: int, arrival: str, rate: float, rng: random.Random, data_di
         gaps = [rng.expovariate(rate) for _ in range(n - 1)]
     elif arrival in ("azure", "mooncake"):
         real = trace_gaps(arrival, data_dir)
-        if len(real) < n - 1:
-            raise ValueError(f"the {arrival} trace has only {len(real) + 1} requests; asked for {n}")
-        start = rng.randrange(len(real) - (n - 1) + 1)
-        gaps = real[start:start + n - 1]
+        start = rng.randrange(len(real))
+        gaps = [real[(start + k) % len(real)] for k in range(n - 1)]
         mean = sum(gaps) / len(gaps) if gaps else 0.0
         # A window of simultaneous arrivals (Mooncake logs at 1 ms, often equal) has no time scale.
         gaps = [g / mean / rate for g in gaps] if mean > 0 else [1 / rate] * len(gaps)

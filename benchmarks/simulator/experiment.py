@@ -6,6 +6,8 @@ runs and the real replay's are summarised by the same code and compared field by
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from benchmarks.replay.records import RequestRecord
@@ -14,14 +16,20 @@ from benchmarks.simulator.cluster import Outcome, simulate
 from benchmarks.simulator.routing import SimRouter
 from benchmarks.simulator.setup import Setup
 from benchmarks.simulator.workload import build_workload, head_for, known_lengths
-from router.admission import QueueOrder
+from router.admission import QueueOrder, QueueStats
 
 MODES = {"open": "continuous", "batch": "batch"}
 
 
+@dataclass
+class SimRun:
+    records: list[RequestRecord]  # one per request of the trace
+    queues: dict[str, QueueStats]  # the router's admission queues per pool: waits, reorders
+
+
 def run(setup: Setup, trace: list[TraceRequest], policy: str, replicas: int, mode: str = "open",
         batch_size: int = 8, seed: int = 0, load_rps: float | None = None, sizing: str = "even",
-        noise: float = 0.0, replica_choice: str = "pow2", order: QueueOrder | None = None) -> list[RequestRecord]:
+        noise: float = 0.0, replica_choice: str = "pow2", order: QueueOrder | None = None) -> SimRun:
     """Simulate `trace` under `policy` on `replicas` replicas; one record per request. `noise`
     blurs the oracle's lengths (see benchmarks.simulator.workload); `sizing` "single" puts every
     replica in one pool; `order` overrides the configured queue order (router.admission)."""
@@ -41,7 +49,8 @@ def run(setup: Setup, trace: list[TraceRequest], policy: str, replicas: int, mod
         order=order or setup.queue_order, shortest_first=config.router.shortest_first, rank_by=config.router.rank_by,
     )
     outcome = simulate(workload, router, spec, setup.limits, setup.model, seed=seed)
-    return _records(trace, workload.jobs, outcome, spec.pools, policy, mode, load_rps)
+    return SimRun(_records(trace, workload.jobs, outcome, spec.pools, policy, mode, load_rps),
+                  {pool: q.stats for pool, q in router.load.queues.items()})
 
 
 def _records(trace, jobs, outcome: Outcome, pools: list[str], policy: str, mode: str, load_rps) -> list[RequestRecord]:

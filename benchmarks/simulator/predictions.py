@@ -1,12 +1,16 @@
 """Real ESTP/EGTP predictions for every prompt of the dataset, cached on disk.
 
 The simulator must route on what the deployed predictor would answer, so the predictions come
-from the committed checkpoints through `LengthEstimator`, on the token ids the router computes
-(`router.prompt_ids` on the chat request a client sends). That is a CPU prefill per prompt:
-it runs once, and the cache (one JSON line per prompt, keyed by the prompt's token ids and the
-checkpoint's hash) lets a growing dataset or a rerun predict only what is new.
+from the committed checkpoints through the estimator's own head path
+(predictor.estimator.head_predictions), on the token ids the router computes (`router.prompt_ids`
+on the chat request a client sends). Where the training feature cache (predictor/cache, filled by
+`predictor.train` and the accuracy benchmark) holds a prompt's prefill features, they are reused:
+no prefill at all, only pooling and the heads (its hidden states are stored as float16, so a
+prediction can differ from a live one in the last digits). Other prompts get one prefill. The
+output cache (one JSON line per prompt, keyed by the prompt's token ids and the checkpoint's hash)
+lets a growing dataset, a retrained head or a rerun predict only what is new.
 
-    python -m benchmarks.simulator predict        # under /tmp/gen/heavy.sh on a shared machine
+    python -m benchmarks.simulator predict
 """
 
 from __future__ import annotations
@@ -78,38 +82,47 @@ def predict_all(max_prompt_tokens: int, batch: int = 32, threads: int = 2) -> di
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from predictor.model_files import EMBEDDED_MODEL_ID, model_weights_hash, resolve_model_source
     from predictor.checkpoint import load_checkpoint
-    from predictor.estimator import LengthEstimator
+    from predictor.estimator import LengthEstimator, head_predictions, shared_features
+    from predictor.features import FeatureConfig
+    from predictor.model_files import EMBEDDED_MODEL_ID, model_weights_hash, resolve_model_source
+    from predictor.train import CACHE_DIR, DEFAULT_TRAIL_LAYER, Example, FeatureCache, cached_features
 
     torch.set_num_threads(threads)
     model_path = resolve_model_source("embedded")
+    weights = model_weights_hash(model_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     prompts = {r["prompt_id"]: r["prompt"] for r in load_samples(DEFAULT_OUT)}
     ids = {pid: router_ids(tokenizer, EMBEDDED_MODEL_ID, text) for pid, text in prompts.items()}
     # The router never predicts longer prompts (predictor.max_prompt_tokens): they fall back.
     ids = {pid: i for pid, i in ids.items() if len(i) <= max_prompt_tokens}
-    model = None
-    added = {}
+    features = FeatureCache(CACHE_DIR, weights, FeatureConfig(aux_layer=DEFAULT_TRAIL_LAYER))
+    heads = {name: load_checkpoint(DEFAULT_CHECKPOINTS / name / "head", weights) for name in CHECKPOINTS}
+    todo = {}
     for name in CHECKPOINTS:
         prune_stale(name)
         done = {(r["prompt_id"], r["ids"]) for r in _current_rows(name)}
-        todo = [pid for pid in ids if (pid, ids_hash(ids[pid])) not in done]
-        added[name] = len(todo)
-        if not todo:
-            continue
-        if model is None:
-            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        head, meta = load_checkpoint(DEFAULT_CHECKPOINTS / name / "head", model_weights_hash(model_path))
-        estimator = LengthEstimator(model, tokenizer, {name: (head, meta)})
+        todo[name] = [pid for pid in ids if (pid, ids_hash(ids[pid])) not in done]
+    missing = sorted({pid for pids in todo.values() for pid in pids}, key=lambda pid: len(ids[pid]))
+    uncached = {tuple(e.ids) for e in features.missing([Example(pid, ids[pid]) for pid in missing])}
+    fresh = [pid for pid in missing if tuple(ids[pid]) in uncached]
+    cached = [pid for pid in missing if tuple(ids[pid]) not in uncached]
+    debias = shared_features([meta for _, meta in heads.values()]).debias
+    predicted: dict[str, dict] = {}
+    with torch.no_grad():
+        for pid in tqdm(cached, desc="predict (cached features)", unit="prompt"):
+            predicted[pid] = head_predictions(heads, cached_features(features.load(ids[pid]), debias))[0]
+    if fresh:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        estimator = LengthEstimator(model, tokenizer, heads)
+        for start in tqdm(range(0, len(fresh), batch), desc="predict (prefill)", unit="batch"):
+            chunk = fresh[start:start + batch]
+            predicted.update(zip(chunk, estimator.predict_each([ids[pid] for pid in chunk])))
+    for name in CHECKPOINTS:
         current = checkpoint_hash(name)
-        todo.sort(key=lambda pid: len(ids[pid]))  # similar lengths share a padded micro-batch
         with cache_path(name).open("a") as fh:
-            for start in tqdm(range(0, len(todo), batch), desc=f"predict {name}", unit="batch"):
-                chunk = todo[start:start + batch]
-                for pid, prediction in zip(chunk, estimator.predict([ids[pid] for pid in chunk])):
-                    row = {"prompt_id": pid, "ids": ids_hash(ids[pid]), "prompt_tokens": len(ids[pid]),
-                           "checkpoint": current, "prediction": asdict(prediction)}
-                    fh.write(json.dumps(row) + "\n")
-                fh.flush()
-    return added
+            for pid in todo[name]:
+                row = {"prompt_id": pid, "ids": ids_hash(ids[pid]), "prompt_tokens": len(ids[pid]),
+                       "checkpoint": current, "prediction": asdict(predicted[pid][name])}
+                fh.write(json.dumps(row) + "\n")
+    return {name: len(pids) for name, pids in todo.items()}

@@ -68,7 +68,7 @@ def _one(job: tuple[str, int, str, str, int, float]) -> tuple[tuple, dict]:
         w["traces"][r] = build_trace(split=w["split"], n=w["n"], arrival="poisson", rate=w["rps"] * r, seed=w["seed"])
     start = time.perf_counter()
     records = run(w["setup"], w["traces"][r], policy, r, mode, batch_size, seed=w["seed"], load_rps=w["rps"] * r,
-                  sizing=sizing, noise=noise)
+                  sizing=sizing, noise=noise).records
     summary = summarise(records, batch_size)
     summary["sim_wall_s"] = round(time.perf_counter() - start, 2)
     summary["fallback_share"] = sum(rec.routed_policy != policy for rec in records) / len(records)
