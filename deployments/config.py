@@ -133,7 +133,10 @@ class PredictorSpec(_Strict):
 class QueueSpec(_Strict):
     """The router's admission queue per pool (router.admission): where requests wait for a slot."""
 
-    max_waiting: int = Field(256, gt=0, description="waiting requests per pool; beyond, 429 with Retry-After")
+    max_waiting_per_slot: float = Field(
+        4.0, gt=0, description="a pool's queue holds this many waiting requests per slot (max_ongoing_requests "
+        "x replicas); beyond, 429 with Retry-After. Bounds the wait to a few service times",
+    )
     max_overtake_s: float = Field(
         60.0, ge=0, description="aging bound: no request is passed by one that arrived this much later; "
         "0: FIFO; larger: closer to pure shortest-first",

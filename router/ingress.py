@@ -101,7 +101,8 @@ class Router:
         self._tokenizer = AutoTokenizer.from_pretrained(routing["model_path"])
         self._bins = PoolBins(**routing["output_bins"])
         order = QueueOrder(**routing["queue_order"])
-        self._load = PoolLoad(list(self._pools), routing["capacities"], self._limits["queue"]["max_waiting"], order)
+        self._load = PoolLoad(list(self._pools), routing["capacities"], self._limits["queue"]["max_waiting_per_slot"],
+                              order)
         self._gates = {name: PoolGate(queue) for name, queue in self._load.queues.items()}
         self._ledgers = {name: ledger(name) for name in self._pools}
         ctx = PolicyContext(

@@ -9,16 +9,21 @@ per router replica: divide them when scaling the router out.
 
 from __future__ import annotations
 
+import math
+
 from router.admission import AdmissionQueue, QueueOrder
 
 
 class PoolLoad:
-    def __init__(self, names: list[str], capacities: dict[str, int | None], max_waiting: int | None = None,
+    def __init__(self, names: list[str], capacities: dict[str, int | None], waiting_per_slot: float | None = None,
                  order: QueueOrder = QueueOrder()):
+        """`waiting_per_slot`: each pool's queue bound as a multiple of its slots (None: unbounded)."""
         self.names = list(names)
-        self.queues: dict[str, AdmissionQueue] = {
-            name: AdmissionQueue(capacities.get(name), max_waiting, order) for name in self.names
-        }
+        self.queues: dict[str, AdmissionQueue] = {}
+        for name in self.names:
+            slots = capacities.get(name)
+            bound = None if slots is None or waiting_per_slot is None else max(1, math.ceil(slots * waiting_per_slot))
+            self.queues[name] = AdmissionQueue(slots, bound, order)
 
     def inflight(self, pool: str) -> int:
         return self.queues[pool].inflight

@@ -67,10 +67,14 @@ def account(trace: list[TraceRequest], records: list[RequestRecord]) -> Accounti
 
 
 def benchmark_headers(request: TraceRequest, policy: str | None, pool: str | None = None) -> dict[str, str]:
-    """What the router's benchmark option reads; nothing at all without a policy."""
+    """What the router's benchmark option reads; nothing at all without a policy. Known-length
+    policies are told the true length, or the prompt's median for the ceiling."""
     if policy is None:
         return {}
-    headers = {"X-Routing-Policy": policy, "X-True-Output-Tokens": str(request.true_output_tokens)}
+    headers = {"X-Routing-Policy": policy}
+    known = request.known_tokens(policy)
+    if known is not None:
+        headers["X-True-Output-Tokens"] = str(known)
     return headers | ({"X-Target-Pool": pool} if pool is not None else {})
 
 
@@ -99,6 +103,23 @@ class ReplayActor:
         reqs = [TraceRequest.model_validate(r) for r in requests]
         return [r.model_dump() for r in await asyncio.gather(*map(one, reqs))]
 
+    async def closed_loop(self, requests: list[dict], concurrency: int, t0: float, deadline: float,
+                          policy: str | None, label: str) -> list[dict]:
+        """`concurrency` requests in flight at all times (a client pool of that size), in trace order;
+        each request's arrival is when a client takes it."""
+        reqs = [TraceRequest.model_validate(r) for r in requests]
+        slots = asyncio.Semaphore(concurrency)
+        while (wait := t0 - time.time()) > 0:
+            await asyncio.sleep(wait)
+
+        async def one(req: TraceRequest) -> RequestRecord:
+            async with slots:
+                arrival = time.time() - t0
+                return await self._send(req, t0, deadline, benchmark_headers(req, policy),
+                                        dict(policy=label, mode="open", arrival_s=arrival))
+
+        return [r.model_dump() for r in await asyncio.gather(*map(one, reqs))]
+
     async def group(self, requests: list[dict], pool: str, group: int, t0: float, deadline: float,
                     policy: str) -> list[dict]:
         """One batch-mode group: all sent at once; returns when the last one finished."""
@@ -121,9 +142,11 @@ class ReplayActor:
             async with asyncio.timeout(max(0.0, min(self._timeout_s, deadline - sent))):
                 async with await api.create(**body, **extra) as stream:
                     h = stream.response.headers
-                    predicted = h.get("x-predicted-tokens")
+                    predicted, queued = h.get("x-predicted-tokens"), h.get("x-queue-ms")
                     record |= dict(pool=h.get("x-pool"), routed_policy=h.get("x-routing-policy"),
-                                   predicted_tokens=None if predicted is None else int(predicted))
+                                   predicted_tokens=None if predicted is None else int(predicted),
+                                   queued_s=None if queued is None else float(queued) / 1000,
+                                   fallback=h.get("x-routing-fallback"))
                     async for chunk in stream:
                         if first is None and chunk.choices:
                             first = time.time()

@@ -32,6 +32,8 @@ class RequestRecord(BaseModel):
     pool: str | None = None  # X-Pool: where it was served (after spillover)
     routed_policy: str | None = None  # X-Routing-Policy: the policy that decided (the fallback's if it did)
     group: int | None = None  # batch mode: the group it was decoded with
+    queued_s: float | None = None  # X-Queue-Ms: how long it waited for a slot in the router's queue
+    fallback: str | None = None  # X-Routing-Fallback: why the policy asked for could not decide
     status: Literal["ok", "failed"]
     error: str | None = None
 

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = float(os.environ.get("STACK_START_TIMEOUT_S", 900))
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -39,7 +39,7 @@ def _merge(base: dict, override: dict) -> dict:
 class RunningStack:
     def __init__(self, workdir: Path, args_override: dict | None = None, ray_address: str = "local"):
         config = yaml.safe_load((REPO / "ray_config.yaml").read_text())
-        self.port = _free_port()
+        self.port = free_port()
         config["http_options"]["port"] = self.port
         app = config["applications"][0]
         app["args"] = _merge(app["args"], args_override or {})

@@ -77,6 +77,7 @@ class Outcome:
     first_token: np.ndarray
     finish: np.ndarray
     groups: list[list[int]]  # batch mode: the requests of every batch run
+    rejected: np.ndarray  # bool per request: refused by a full queue (the stack's 429)
 
 
 class _Pool:
@@ -138,6 +139,7 @@ def simulate(
     pool_of = np.full(n, -1, dtype=np.int64)
     first_token = np.full(n, np.nan)
     finish = np.full(n, np.nan)
+    rejected = np.zeros(n, dtype=bool)
     planned = spec.mode == "batch"
     decided_by = [""] * n
     seqs: dict[int, Sequence] = {}
@@ -197,4 +199,5 @@ def simulate(
         for t in touched:
             kick(t, now)
     groups = [g for e in engines for g in e.groups]
-    return Outcome(pool=pool_of, decided_by=decided_by, first_token=first_token, finish=finish, groups=groups)
+    return Outcome(pool=pool_of, decided_by=decided_by, first_token=first_token, finish=finish, groups=groups,
+                   rejected=rejected)

@@ -29,10 +29,14 @@ class SimRun:
 
 def run(setup: Setup, trace: list[TraceRequest], policy: str, replicas: int, mode: str = "open",
         batch_size: int = 8, seed: int = 0, load_rps: float | None = None, sizing: str = "even",
-        noise: float = 0.0, replica_choice: str = "pow2", order: QueueOrder | None = None) -> SimRun:
+        noise: float = 0.0, replica_choice: str = "pow2", order: QueueOrder | None = None,
+        rank_by: str | None = None, bounded_queue: bool = True) -> SimRun:
     """Simulate `trace` under `policy` on `replicas` replicas; one record per request. `noise`
     blurs the oracle's lengths (see benchmarks.simulator.workload); `sizing` "single" puts every
-    replica in one pool; `order` overrides the configured queue order (router.admission)."""
+    replica in one pool; `order` and `rank_by` override the configured queue order (router.admission)
+    and ranking statistic (router.decision). Open loop bounds the queues as configured
+    (router.queue.max_waiting_per_slot: the excess is rejected, as the stack's 429) unless
+    `bounded_queue` is False."""
     config = setup.config
     head = head_for(policy)
     trace = sorted(trace, key=lambda r: r.arrival_s)
@@ -46,7 +50,8 @@ def run(setup: Setup, trace: list[TraceRequest], policy: str, replicas: int, mod
     router = SimRouter(
         policy, config.router.fallback_policy, bins, config.router.input_edges if len(spec.pools) > 1 else [],
         spec.replicas, spec.capacities(), config.router.spillover, config.model.max_model_len, seed=seed,
-        order=order or setup.queue_order, shortest_first=config.router.shortest_first, rank_by=config.router.rank_by,
+        order=order or setup.queue_order, shortest_first=config.router.shortest_first, rank_by=rank_by or config.router.rank_by,
+        waiting_per_slot=config.router.queue.max_waiting_per_slot if mode == "open" and bounded_queue else None,
     )
     outcome = simulate(workload, router, spec, setup.limits, setup.model, seed=seed)
     return SimRun(_records(trace, workload.jobs, outcome, spec.pools, policy, mode, load_rps),
@@ -60,14 +65,17 @@ def _records(trace, jobs, outcome: Outcome, pools: list[str], policy: str, mode:
     out = []
     for i, r in enumerate(trace):
         prediction = jobs[i].prediction
+        served = not outcome.rejected[i]
         out.append(RequestRecord.model_construct(  # fields typed here already: no validation per record
             policy=policy, mode=mode, load_rps=load_rps if mode == "open" else None, request_id=r.request_id,
             scenario=r.scenario, arrival_s=r.arrival_s, sent_s=r.arrival_s,
-            first_token_s=float(outcome.first_token[i]), finish_s=float(outcome.finish[i]),
-            prompt_tokens=r.prompt_tokens, completion_tokens=max(1, r.true_output_tokens),
+            first_token_s=float(outcome.first_token[i]) if served else None,
+            finish_s=float(outcome.finish[i]) if served else None,
+            prompt_tokens=r.prompt_tokens, completion_tokens=max(1, r.true_output_tokens) if served else None,
             true_output_tokens=r.true_output_tokens,
             predicted_tokens=None if prediction is None else round(prediction["expected_tokens"]),
             pool=pools[outcome.pool[i]], routed_policy=outcome.decided_by[i],
-            group=int(group_of[i]) if group_of[i] >= 0 else None, status="ok",
+            group=int(group_of[i]) if group_of[i] >= 0 else None,
+            status="ok" if served else "failed", error=None if served else "rejected: queue full (429)",
         ))
     return out

@@ -21,9 +21,10 @@ class SimRouter:
         self, policy: str, fallback: str, bins: PoolBins, input_edges: list[int], replicas: dict[str, int],
         capacities: dict[str, int | None], spillover: bool, max_model_len: int, seed: int = 0,
         order: QueueOrder = QueueOrder(), shortest_first: bool = True, rank_by: RankBy = "mean",
+        waiting_per_slot: float | None = None,
     ):
         names = list(bins.names)
-        self.load = PoolLoad(names, capacities, order=order)
+        self.load = PoolLoad(names, capacities, waiting_per_slot, order)
         ctx = PolicyContext(pools=names, output_bins=bins, input_edges=input_edges, replicas=replicas,
                             load=self.load, rng=random.Random(seed))
         self.policy_name = policy

@@ -10,6 +10,7 @@ the replay's own (benchmarks.replay.metrics).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, replace
 
 from tqdm import tqdm
 
@@ -21,20 +22,20 @@ from benchmarks.simulator.setup import Setup
 POLICY_ORDER = ("round_robin", "ray_default", "input_length", "egtp", "estp", "oracle")
 
 
-def replica_capacity_rps(setup: Setup, split: str = "test") -> float:
-    """Requests/s one replica sustains when full (max_ongoing_requests decoding together), from
-    the step-time model and the split's mean prompt and output lengths: each request costs its
-    prefill plus its share of the full batch's decode steps."""
-    from benchmarks.forelen.build import DEFAULT_OUT
-    from predictor.dataset import load_samples
+def replica_capacity_rps(setup: Setup, split: str = "test", replicas: int = 10, per_replica: int = 300,
+                         seed: int = 0) -> float:
+    """Requests/s one replica sustains with every slot busy, measured on the modelled engines: a
+    backlog of the split's requests on `replicas` replicas of one pool (Ray's default policy,
+    unbounded queue), completions per second over the middle 80% of them.
 
-    rows = load_samples(DEFAULT_OUT, split=split)
-    prompt = sum(r["prompt_tokens"] for r in rows) / len(rows)
-    output = sum(r["output_tokens"] for r in rows) / len(rows)
-    batch = min(setup.config.pools[0].deployment.get("max_ongoing_requests", 16), setup.limits.max_num_seqs)
-    step = setup.model.step(batch, 0, batch * (prompt + output / 2))
-    per_request = setup.model.step(0, prompt, prompt) + output * step / batch
-    return 1 / per_request
+    Measured rather than computed from mean lengths: a long prompt's prefill stalls the decodes
+    that share its steps, which a formula on averages misses (it overstated capacity by 14%).
+    """
+    trace = build_trace(split=split, n=replicas * per_replica, arrival="poisson", rate=1e6, seed=seed)
+    records = run(setup, trace, "ray_default", replicas, "open", sizing="single", bounded_queue=False).records
+    finishes = sorted(r.finish_s for r in records)
+    lo, hi = len(finishes) // 10, 9 * len(finishes) // 10
+    return (hi - lo) / (finishes[hi] - finishes[lo]) / replicas
 
 
 def gains(by_policy: dict[str, dict], baseline: str = "round_robin") -> dict[str, dict]:
@@ -54,35 +55,58 @@ def gains(by_policy: dict[str, dict], baseline: str = "round_robin") -> dict[str
     return out
 
 
+@dataclass(frozen=True)
+class SimJob:
+    """One simulated run: a cluster, a policy, a trace (arrival process and offered load)."""
+
+    replicas: int
+    policy: str
+    mode: str = "open"
+    sizing: str = "even"
+    batch_size: int = 8
+    noise: float = 0.0  # blurs the oracle (benchmarks.simulator.workload)
+    arrival: str = "poisson"
+    rps_per_replica: float = 0.1
+    n: int = 100_000
+    replica_choice: str = "pow2"
+    max_overtake_s: float | None = None  # None: the configured queue order (router.queue)
+    rank_by: str | None = None  # None: the configured router.rank_by
+
+
 _WORKER: dict = {}  # per worker process: the setup and the traces it built
 
 
-def _init_worker(setup: Setup, n: int, rps_per_replica: float, split: str, seed: int) -> None:
-    _WORKER.update(setup=setup, n=n, rps=rps_per_replica, split=split, seed=seed, traces={})
+def _init_worker(setup: Setup, split: str, seed: int) -> None:
+    _WORKER.update(setup=setup, split=split, seed=seed, traces={})
 
 
-def _one(job: tuple[str, int, str, str, int, float]) -> tuple[tuple, dict]:
-    sizing, r, mode, policy, batch_size, noise = job
-    w = _WORKER
-    if r not in w["traces"]:
-        w["traces"][r] = build_trace(split=w["split"], n=w["n"], arrival="poisson", rate=w["rps"] * r, seed=w["seed"])
+def _one(job: SimJob) -> tuple[SimJob, dict]:
+    w, setup = _WORKER, _WORKER["setup"]
+    rate = job.rps_per_replica * job.replicas
+    key = (job.replicas, job.arrival, rate, job.n)
+    if key not in w["traces"]:
+        w["traces"][key] = build_trace(split=w["split"], n=job.n, arrival=job.arrival, rate=rate, seed=w["seed"])
+    order = None if job.max_overtake_s is None else replace(setup.queue_order, max_overtake_s=job.max_overtake_s)
     start = time.perf_counter()
-    records = run(w["setup"], w["traces"][r], policy, r, mode, batch_size, seed=w["seed"], load_rps=w["rps"] * r,
-                  sizing=sizing, noise=noise).records
-    summary = summarise(records, batch_size)
+    sim = run(setup, w["traces"][key], job.policy, job.replicas, job.mode, job.batch_size, seed=w["seed"],
+              load_rps=rate, sizing=job.sizing, noise=job.noise, replica_choice=job.replica_choice, order=order,
+              rank_by=job.rank_by)
+    summary = summarise(sim.records, job.batch_size)
     summary["sim_wall_s"] = round(time.perf_counter() - start, 2)
-    summary["fallback_share"] = sum(rec.routed_policy != policy for rec in records) / len(records)
+    summary["fallback_share"] = sum(rec.routed_policy != job.policy for rec in sim.records) / len(sim.records)
+    queued = sum(q.queued for q in sim.queues.values())
+    summary["queued_share"] = queued / len(sim.records)
+    summary["reordered_share"] = sum(q.reordered for q in sim.queues.values()) / max(1, queued)
     return job, summary
 
 
-def simulate_jobs(setup: Setup, jobs: list[tuple], n: int, rps_per_replica: float, split: str = "test",
-                  seed: int = 0, workers: int = 2) -> dict[tuple, dict]:
-    """Summaries of (sizing, replicas, mode, policy, batch_size, oracle noise) runs, in parallel
-    processes, each its own seeded copy of every trace (identical across processes)."""
+def simulate_jobs(setup: Setup, jobs: list[SimJob], split: str = "test", seed: int = 0,
+                  workers: int = 2) -> dict[SimJob, dict]:
+    """Summaries of the runs, in parallel processes, each its own seeded copy of every trace
+    (identical across processes and policies)."""
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(workers, initializer=_init_worker,
-                             initargs=(setup, n, rps_per_replica, split, seed)) as pool:
+    with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(setup, split, seed)) as pool:
         return dict(tqdm(pool.map(_one, jobs), total=len(jobs), desc="simulate", unit="run"))
 
 
@@ -90,11 +114,11 @@ def scale_runs(setup: Setup, replicas: list[int], n: int, rps_per_replica: float
                batch_size: int, sizings: list[str], split: str = "test", seed: int = 0,
                policies=POLICY_ORDER, workers: int = 2) -> dict:
     """{sizing: {replicas: {mode: {"policies": {policy: metrics}, "gains": ...}}}}"""
-    jobs = [(s, r, mode, p, batch_size, 0.0) for r in replicas for s in sizings for mode in modes for p in policies]
+    jobs = [SimJob(r, p, mode, s, batch_size, rps_per_replica=rps_per_replica, n=n)
+            for r in replicas for s in sizings for mode in modes for p in policies]
     results: dict = {}
-    for (sizing, r, mode, policy, *_), summary in simulate_jobs(setup, jobs, n, rps_per_replica, split, seed,
-                                                                workers).items():
-        results.setdefault(sizing, {}).setdefault(str(r), {}).setdefault(mode, {})[policy] = summary
+    for job, summary in simulate_jobs(setup, jobs, split, seed, workers).items():
+        results.setdefault(job.sizing, {}).setdefault(str(job.replicas), {}).setdefault(job.mode, {})[job.policy] = summary
     for by_size in results.values():
         for by_mode in by_size.values():
             for mode, by_policy in by_mode.items():

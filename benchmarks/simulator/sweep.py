@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from benchmarks.replay.trace import build_trace
-from benchmarks.simulator.scale import gains, replica_capacity_rps, simulate_jobs
+from benchmarks.simulator.scale import SimJob, gains, replica_capacity_rps, simulate_jobs
 from benchmarks.simulator.setup import Setup
 from benchmarks.simulator.workload import build_workload, head_for, known_lengths
 
@@ -52,14 +52,15 @@ def sweep(setup: Setup, replicas: int, n: int, load: float, modes: list[str], ba
     rps = round(load * replica_capacity_rps(setup, split), 4)
     trace = build_trace(split=split, n=n, arrival="poisson", rate=rps * replicas, seed=seed)
     runs = [(p, 0.0) for p in BASELINES + HEADS] + [("oracle", s) for s in noise]
-    jobs = [(sizing, replicas, mode, p, batch_size, s) for mode in modes for p, s in runs]
-    summaries = simulate_jobs(setup, jobs, n, rps, split, seed, workers)
+    jobs = {(mode, p, s): SimJob(replicas, p, mode, sizing, batch_size, s, rps_per_replica=rps, n=n)
+            for mode in modes for p, s in runs}
+    done = simulate_jobs(setup, list(jobs.values()), split, seed, workers)
+    summaries = {key: done[job] for key, job in jobs.items()}
     accuracy = {(p, s): None if p in BASELINES else pool_accuracy(setup, trace, p, s, seed) for p, s in runs}
     result = {"replicas": replicas, "requests": n, "load": load, "rps_per_replica": rps, "sizing": sizing,
               "batch_size": batch_size, "noise": list(noise), "modes": {}}
     for mode in modes:
-        by_label = {(p if p != "oracle" else f"oracle~{s:g}"): summaries[(sizing, replicas, mode, p, batch_size, s)]
-                    for p, s in runs}
+        by_label = {(p if p != "oracle" else f"oracle~{s:g}"): summaries[(mode, p, s)] for p, s in runs}
         vs = {b: gains(by_label, b) for b in BASELINES}
         points = [{"label": label, "policy": p, "noise": s if p == "oracle" else None,
                    "pool_accuracy": accuracy[(p, s)], "metrics": by_label[label],

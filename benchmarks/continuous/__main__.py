@@ -1,0 +1,137 @@
+"""`python -m benchmarks.continuous <command>`: where length predictions pay under continuous batching.
+
+  sim      the simulator at 10/100/1,000 replicas x loads x arrival processes x policies (~1 h here)
+  design   the sweeps behind the router's defaults: aging bound, ranking statistic, replica choice
+  real     the stack from ray_config.yaml: queueing runs (the work policy vs Ray's default, 3 repeats),
+           the held-out ShareGPT burst, then the same burst against a bare vLLM server (~1 h here)
+  report   rebuild continuous.{md,png} from continuous.json
+
+Each command replaces its own part of benchmarks/results/continuous.json and rewrites the report,
+so the parts can run at different times (and a failed one rerun alone). `sim` and `design` only
+simulate (run `python -m benchmarks.simulator predict` after retraining a head); `real` needs the
+whole machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from benchmarks.continuous import report, simulated
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def _update(out: Path, **parts) -> dict:
+    path = out / "continuous.json"
+    result = json.loads(path.read_text()) if path.exists() else {}
+    result.update(parts)
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    report.write(result, out)
+    return result
+
+
+def _real(args) -> dict:
+    import httpx
+    from transformers import AutoTokenizer
+
+    from benchmarks.continuous import real
+    from benchmarks.replay.__main__ import drain
+    from benchmarks.replay.actors import connect, spawn_actors
+    from benchmarks.replay.stack import RunningStack
+    from predictor.model_files import resolve_model_source
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_source("embedded"))
+    burst_trace = real.held_out_chat(tokenizer)
+    trace = real.queueing_trace(args.n, args.rate, args.max_tokens, args.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        with RunningStack(Path(tmp), {"router": {"benchmark_headers": True}}) as stack:
+            os.environ["RAY_ADDRESS"] = "auto"
+            connect()
+            actors = spawn_actors(stack.base_url, args.actors, 1800)
+            health = httpx.get(f"{stack.base_url}/health", timeout=30).json()
+            queueing = real.queueing_runs(stack.base_url, actors, trace, args.policies, args.repeats, drain)
+            drain(stack.base_url)
+            burst_records = real.closed_loop(stack.base_url, burst_trace, actors, real.BURST_INFLIGHT, "stack")
+            stack_burst = real.burst_summary(burst_records)
+            import ray
+
+            ray.shutdown()
+        with real.bare_vllm(Path(tmp)) as url:
+            import ray
+
+            ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+            actors = spawn_actors(url, args.actors, 1800)
+            bare = real.burst_summary(real.closed_loop(url, burst_trace, actors, real.BURST_INFLIGHT, "bare_vllm"))
+            ray.shutdown()
+    settings = {"queueing": {"requests": args.n, "rate_rps": args.rate, "max_tokens": args.max_tokens,
+                             "policies": args.policies, "repeats": args.repeats},
+                "burst": {"requests": len(burst_trace), "inflight": real.BURST_INFLIGHT,
+                          "max_tokens": real.BURST_MAX_TOKENS},
+                "stack": {k: health[k] for k in ("policy", "pools", "queues")}}
+    ratio = lambda a, b: None if not a or not b else a / b
+    return _update(
+        args.out, real={**queueing, "settings": settings},
+        burst={"requests": len(burst_trace), "stack": stack_burst, "bare_vllm": bare,
+               "fallback_rate": stack_burst["fallback_rate"],
+               "p50_ttft_ratio_vs_bare": ratio(stack_burst["p50_ttft_s"], bare["p50_ttft_s"])},
+        bare_vllm={"throughput_ratio": ratio(stack_burst["throughput_tok_s"], bare["throughput_tok_s"]),
+                   "throughput_tok_s": bare["throughput_tok_s"]},
+    )
+
+
+def main(argv=None) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.continuous", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("sim")
+    s.add_argument("--replicas", type=int, nargs="+", default=list(simulated.REPLICAS))
+    s.add_argument("--loads", type=float, nargs="+", default=list(simulated.LOADS))
+    s.add_argument("--arrivals", nargs="+", default=list(simulated.ARRIVALS))
+    s.add_argument("--policies", nargs="+", default=list(simulated.POLICIES))
+    d = sub.add_parser("design")
+    d.add_argument("--replicas", type=int, default=simulated.DESIGN_REPLICAS)
+    for sp in (s, d):
+        sp.add_argument("--workers", type=int, default=2)
+        sp.add_argument("--seed", type=int, default=0)
+    r = sub.add_parser("real")
+    r.add_argument("--n", type=int, default=64, help="requests of the queueing trace")
+    r.add_argument("--rate", type=float, default=2.0, help="its arrival rate, requests/s (a burst over the slots)")
+    r.add_argument("--max-tokens", type=int, default=512)
+    r.add_argument("--policies", nargs="+", default=["ray_default", "estp_work"])
+    r.add_argument("--repeats", type=int, default=3)
+    r.add_argument("--actors", type=int, default=2)
+    r.add_argument("--seed", type=int, default=0)
+    sub.add_parser("report")
+    for sp in (s, d, r):
+        sp.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    out = getattr(args, "out", RESULTS)
+    if args.command == "report":
+        report.write(json.loads((out / "continuous.json").read_text()), out)
+        return
+    if args.command == "real":
+        _real(args)
+        return
+    from benchmarks.simulator.setup import load_setup
+
+    setup = load_setup()
+    if args.command == "sim":
+        grid = simulated.grid(setup, args.replicas, args.loads, args.arrivals, args.policies, args.workers, args.seed)
+        _update(out, simulated=grid, simulated_settings={
+            "prediction_quality_test_split": setup.prediction_quality("test"),
+            "requests_per_size": {str(n): simulated.requests_for(n) for n in args.replicas},
+            "layout": simulated.LAYOUT, "queue_order": asdict(setup.queue_order),
+            "max_ongoing_requests": setup.config.pools[0].deployment.get("max_ongoing_requests")})
+    else:
+        _update(out, design=simulated.design(setup, args.workers, args.seed, args.replicas))
+
+
+if __name__ == "__main__":
+    main()
