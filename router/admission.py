@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Generic, Hashable, TypeVar
 
@@ -62,6 +62,7 @@ class QueueOrder:
 class _Waiting:
     arrival: float
     key: float
+    ranked: bool  # ranked by its own tokens, not the prior
     version: int = 0
 
 
@@ -73,7 +74,6 @@ class QueueStats:
     released: int = 0  # handed a slot after waiting
     reordered: int = 0  # ... while an earlier arrival was still waiting
     withdrawn: int = 0  # left the queue without a slot (client gone, timeout)
-    wait_s: list[float] = field(default_factory=list)  # unused by default: see `keep_waits`
 
 
 class AdmissionQueue(Generic[T]):
@@ -104,7 +104,7 @@ class AdmissionQueue(Generic[T]):
         if self.max_waiting is not None and len(self._waiting) >= self.max_waiting:
             self.stats.rejected += 1
             return Admission.FULL
-        entry = _Waiting(arrival=now, key=self.order.key(now, tokens))
+        entry = _Waiting(arrival=now, key=self.order.key(now, tokens), ranked=tokens is not None)
         self._waiting[item] = entry
         heapq.heappush(self._heap, (entry.key, next(self._tie), entry.version, item))
         self.stats.queued += 1
@@ -117,6 +117,7 @@ class AdmissionQueue(Generic[T]):
             return
         entry.version += 1
         entry.key = self.order.key(entry.arrival, tokens)
+        entry.ranked = tokens is not None
         heapq.heappush(self._heap, (entry.key, next(self._tie), entry.version, item))
 
     def withdraw(self, item: T) -> bool:
@@ -149,9 +150,9 @@ class AdmissionQueue(Generic[T]):
             return item
         return None
 
-    def waited_s(self, item: T, now: float) -> float | None:
-        entry = self._waiting.get(item)
-        return None if entry is None else now - entry.arrival
+    def ranked(self) -> int:
+        """Waiting requests ranked by their own tokens (the rest rank at the prior)."""
+        return sum(entry.ranked for entry in self._waiting.values())
 
     def oldest_wait_s(self, now: float) -> float:
         """How long the longest-waiting request has waited (0 when none waits)."""

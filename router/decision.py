@@ -2,8 +2,10 @@
 
 `Decider.decide` asks the policy chain for a pool, applies spillover, and says what the request
 ranks by in the pool's queue: its work in tokens (router.policies.work_tokens), from the true
-length for the oracle and ceiling, from the prediction for the predicted policies, and unknown
-(the queue's prior) for length-blind ones or while a prediction is missing. `rank_by` picks which
+length for the oracle and ceiling, from the prediction for the predicted policies, and from the
+prior (a typical length) while a prediction is missing, bounded by what the request itself fixes
+(a request with max_tokens 4 is short with no prediction at all). Length-blind policies rank
+nothing (None): their requests wait in arrival order. `rank_by` picks which
 statistic of the predicted distribution stands for a request: the mean, or a quantile (p90 is
 tail-aware: a request that might run long waits behind ones that surely will not).
 """
@@ -26,7 +28,7 @@ class Decision:
     chosen: str  # what the policy picked
     policy: str  # the policy that decided: the one asked, or the fallback
     fallback: str | None  # why the one asked could not decide
-    rank_tokens: float | None  # its work in tokens for the queue; None: unknown (yet)
+    rank_tokens: float | None  # its work in tokens for the queue; None: length-blind (arrival order)
 
     @property
     def spilled_from(self) -> str | None:
@@ -35,13 +37,14 @@ class Decision:
 
 class Decider:
     def __init__(self, ctx: PolicyContext, policies: Iterable[str], fallback: str, spillover: bool = True,
-                 shortest_first: bool = True, rank_by: RankBy = "mean"):
+                 shortest_first: bool = True, rank_by: RankBy = "mean", prior_tokens: float = 256.0):
         self.chain = PolicyChain(ctx, policies, fallback)
         self.load = ctx.load
         self.bins: PoolBins = ctx.output_bins
         self._spillover = spillover
         self._shortest_first = shortest_first
         self._rank_by = rank_by
+        self._prior = prior_tokens
 
     def decide(self, job: Job, policy: str, spill: bool = True) -> Decision:
         pool, decided_by, reason = self.chain.choose(job, policy)
@@ -49,21 +52,20 @@ class Decider:
         return Decision(served, pool, decided_by, reason, self.rank(job, decided_by))
 
     def rank(self, job: Job, policy: str) -> float | None:
-        """The request's work in tokens as `policy` sees it, or None when it knows none."""
+        """The request's work in tokens as `policy` sees it; None for length-blind policies."""
         if not (self._shortest_first and POLICIES[policy].ranks_queue):
             return None
-        if policy in KNOWN_LENGTH:
+        natural = self._prior
+        if policy in KNOWN_LENGTH and job.true_tokens is not None:
             natural = job.true_tokens
         elif job.prediction is not None:
             p = job.prediction
             natural = p["expected_tokens"] if self._rank_by == "mean" else p["quantiles"][self._rank_by]
-        else:
-            natural = None
-        return None if natural is None else work_tokens(job, natural)
+        return work_tokens(job, natural)
 
     def engine_priority(self, decision: Decision, max_model_len: int) -> int:
-        """vLLM's `priority` inside the pool (lower first): the rank, or the pool's longest when it
-        is unknown, so unranked requests never jump ahead of predicted short ones."""
+        """vLLM's `priority` inside the pool (lower first): the rank, or the pool's longest for
+        length-blind policies, so their requests never jump ahead of predicted short ones."""
         if decision.rank_tokens is not None:
             return round(decision.rank_tokens)
         i = self.bins.names.index(decision.chosen)

@@ -114,7 +114,7 @@ class Router:
         self._benchmark = self._limits["benchmark_headers"]
         self._decider = Decider(
             ctx, POLICIES if self._benchmark else [self._policy_name], self._fallback_name,
-            self._limits["spillover"], self._limits["shortest_first"], self._limits["rank_by"],
+            self._limits["spillover"], self._limits["shortest_first"], self._limits["rank_by"], order.prior_tokens,
         )
         spec = config["predictor"] or {}
         heads = {name: LengthBins(**bins) for name, bins in routing["head_bins"].items()}
@@ -146,7 +146,7 @@ class Router:
 
     def _queue_report(self, pool: str) -> dict:
         q = self._load.queues[pool]
-        return {"waiting": len(q), "slots": q.slots, "max_waiting": q.max_waiting,
+        return {"waiting": len(q), "waiting_ranked": q.ranked(), "slots": q.slots, "max_waiting": q.max_waiting,
                 "oldest_wait_s": round(q.oldest_wait_s(time.monotonic()), 3), **vars(q.stats)}
 
     def _node_metrics_port(self) -> int | None:

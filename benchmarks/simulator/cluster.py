@@ -178,8 +178,12 @@ def simulate(
                 p = names.index(decision.pool)
                 pool_of[i] = p
                 seqs[i] = Sequence(i, int(workload.prompt_tokens[i]), int(workload.output_tokens[i]), priority)
-                if queues[p].offer(i, now, decision.rank_tokens) is Admission.DISPATCH:
+                verdict = queues[p].offer(i, now, decision.rank_tokens)
+                if verdict is Admission.DISPATCH:
                     touched.add(dispatch(p, i, now))
+                elif verdict is Admission.FULL:  # 429: never served (first token and finish stay NaN)
+                    rejected[i] = True
+                    del seqs[i]
             for r in touched:
                 kick(r, now)
             continue

@@ -28,7 +28,7 @@ class SimRouter:
         ctx = PolicyContext(pools=names, output_bins=bins, input_edges=input_edges, replicas=replicas,
                             load=self.load, rng=random.Random(seed))
         self.policy_name = policy
-        self.decider = Decider(ctx, [policy], fallback, spillover, shortest_first, rank_by)
+        self.decider = Decider(ctx, [policy], fallback, spillover, shortest_first, rank_by, order.prior_tokens)
         self._max_model_len = max_model_len
 
     def route(self, job: Job, plan: bool = False) -> tuple[Decision, int]:
