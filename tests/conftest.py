@@ -6,10 +6,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def pytest_collection_modifyitems(items):
-    """Tests that start a cluster of their own (marker own_cluster) run first, before the shared
-    session stack exists: two stacks at once overload 2 cores / 24 GiB. (Run after it, the test
-    process's Ray driver also has to move between clusters; in CI its replay actors were then
-    cancelled before they started.)"""
+    """Tests that start a cluster or stack of their own (marker own_cluster) run first, module by
+    module, before the shared session stack exists: two stacks at once overload 2 cores / 24 GiB.
+    (Run after it, the test process's Ray driver also has to move between clusters; in CI its
+    replay actors were then cancelled before they started.)"""
     items.sort(key=lambda item: item.get_closest_marker("own_cluster") is None)
 
 
@@ -17,12 +17,14 @@ def pytest_collection_modifyitems(items):
 def stack(tmp_path_factory):
     """The default application from ray_config.yaml, served over real HTTP.
 
-    Benchmark headers are on, so the routing and replay tests can ask for any policy per
-    request; requests without them take exactly the default path (policy estp).
+    Benchmark headers are on, so the tests can ask for any policy per request; requests without
+    them take exactly the default path (policy estp_work). The queue's aging bound is 5 s instead
+    of 300 s, so that a test can watch a long request age past short ones.
     """
     from tests.stack import RunningStack
 
-    running = RunningStack(tmp_path_factory.mktemp("stack"), {"router": {"benchmark_headers": True}}).start()
+    overrides = {"router": {"benchmark_headers": True, "queue": {"max_overtake_s": 5}}}
+    running = RunningStack(tmp_path_factory.mktemp("stack"), overrides).start()
     yield running
     running.stop()
 

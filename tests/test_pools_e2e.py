@@ -1,8 +1,11 @@
-"""Length-aware routing end to end, on the default stack from ray_config.yaml (policy estp).
+"""The paper's length pools end to end: three pools of one replica, policy estp, on a stack of its own.
 
-Which prompts the checkpoint calls short or long is its own business, so tests that
-need both ask /v1/length first and pick their prompts from the answers. The predictor-kill test
-runs last in this file: it leaves the stack serving, and waits until the predictor is back.
+ray_config.yaml's default is one pool behind the router's queue (tests/test_work_e2e.py); this
+module starts ray_config.yaml with the pools list the paper's design uses (short, medium, long),
+before the shared stack exists (marker own_cluster: two stacks at once overload the machine).
+Which prompts the checkpoint calls short or long is its own business, so tests that need both
+ask /v1/length first and pick their prompts from the answers. The predictor-kill test runs last
+in this file: it leaves the stack serving, and waits until the predictor is back.
 """
 
 import asyncio
@@ -17,9 +20,32 @@ import yaml
 
 from router.length_bins import PoolBins
 
-pytestmark = pytest.mark.stack
+from tests.stack import RunningStack
+
+pytestmark = [pytest.mark.stack, pytest.mark.own_cluster]
 
 POOLS = ["short", "medium", "long"]
+POOL_ARGS = {
+    "pools": [{"name": name, "deployment": {"num_replicas": 1, "max_ongoing_requests": 16}} for name in POOLS],
+    "predictor": {"predict": "all"},  # work policies (via the benchmark header) predict every request too
+    "router": {"policy": "estp", "fallback_policy": "input_length", "input_edges": [64, 100],
+               "benchmark_headers": True},
+}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """This module's own stack (it shadows the shared one): the pools, then stopped at the module's end."""
+    running = RunningStack(tmp_path_factory.mktemp("pools"), POOL_ARGS).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(stack):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
 SHORT = "Say hi."
 # Math word problems: the ESTP head gives them the most mass above the medium edge.
 LONG_CANDIDATES = [
@@ -172,6 +198,31 @@ def test_benchmark_headers_choose_policy_and_head_per_request(stack, client):
     assert sorted(turns) == sorted(POOLS)
     with pytest.raises(openai.BadRequestError, match="Unknown routing policy"):
         client.chat.completions.create(**_chat(stack, SHORT, max_tokens=2), extra_headers={"X-Routing-Policy": "fast"})
+
+
+def test_a_prediction_that_lands_after_dispatch_updates_the_replicas_work_estimate(stack):
+    """estp_work dispatches at once (slots free) and predicts beside the request (predict: all)."""
+    _wait_idle(stack)
+    body = _chat(stack, "Count upwards from one.", max_tokens=300, ignore_eos=True, stream=True)
+    with httpx.stream("POST", f"{stack.base_url}/v1/chat/completions", json=body, timeout=300,
+                      headers={"X-Routing-Policy": "estp_work"}) as s:
+        assert s.headers["x-routing-policy"] == "estp_work" and float(s.headers["x-queue-ms"]) == 0.0
+        assert "x-predicted-tokens" not in s.headers  # dispatched before its prediction landed
+        pool, lines = s.headers["x-pool"], s.iter_lines()
+        deadline, seen = time.time() + 60, []
+        while time.time() < deadline:
+            next(lines)  # keep the stream flowing
+            replicas = httpx.get(f"{stack.base_url}/health", timeout=30).json()["replicas"][pool]
+            seen = [r for r in replicas.values() if r["predicted"]]
+            if seen:
+                break
+        assert seen, f"no replica of {pool} got the late prediction: {replicas}"
+        assert seen[0]["requests"] == 1 and 0 < seen[0]["predicted_remaining_tokens"] <= 300
+        first = seen[0]["predicted_remaining_tokens"]
+        for _ in range(40):
+            next(lines)
+        later = next(iter(httpx.get(f"{stack.base_url}/health", timeout=30).json()["replicas"][pool].values()))
+        assert later["predicted_remaining_tokens"] <= first  # conditioned on the tokens streamed since
 
 
 def _predictor_replicas(stack) -> list[psutil.Process]:
