@@ -161,6 +161,23 @@ class LiveQualitySpec(_Strict):
     min_samples: int = Field(50, gt=1, description="no switch before this many scored requests")
 
 
+class RequestLimits(_Strict):
+    """What one request may ask for (router.validation): beyond these, 400."""
+
+    max_n: int = Field(8, gt=0, description="completions per request (`n`): one client must not hold an engine")
+    max_prompts: int = Field(16, gt=0, description="prompts in one /v1/completions call")
+    max_stop: int = Field(4, ge=0, description="`stop` sequences (OpenAI's own limit)")
+    trust_request_chat_template: bool = Field(
+        False, description="accept `chat_template` in requests: a template is code the router runs",
+    )
+
+
+class AuthSpec(_Strict):
+    """API keys come from the environment (router.auth), never from this file."""
+
+    protect_health: bool = Field(False, description="require an API key for /health too")
+
+
 class RouterSpec(_Strict):
     policy: Literal[tuple(POLICIES)] = Field("estp", description="how a pool is chosen")
     fallback_policy: Literal["input_length", "round_robin", "ray_default"] = Field(
@@ -189,6 +206,14 @@ class RouterSpec(_Strict):
     )
     max_body_bytes: int = Field(1_000_000, gt=0, description="larger bodies get 413")
     request_timeout_s: float = Field(600.0, gt=0)
+    render_timeout_s: float = Field(2.0, gt=0, description="rendering a prompt (chat template, tokenizer) longer: 400")
+    limits: RequestLimits = Field(default_factory=RequestLimits)
+    auth: AuthSpec = Field(default_factory=AuthSpec)
+    max_pending_requests: int = Field(
+        448, gt=0, description="requests the router holds before they reach a pool (rendering, predicting, "
+        "waiting) or while it waits for a JSON answer; beyond, 503 with Retry-After. Keep it under "
+        "deployment.max_ongoing_requests, or Ray Serve queues the excess at the proxy",
+    )
     # The router holds every request of every pool until its last token: Serve's default of 5
     # ongoing requests per replica would queue the sixth stream at the proxy.
     deployment: dict[str, Any] = Field(
@@ -220,6 +245,10 @@ class StackConfig(_Strict):
                 raise ValueError(f"router.{field} needs {edges_needed} edges for {len(self.pools)} pools, got {edges}")
         if router.output_edges is None and self.predictor is None and edges_needed:
             raise ValueError("router.output_edges must be set when there is no predictor checkpoint to take them from")
+        ongoing = router.deployment.get("max_ongoing_requests", 5)
+        if router.max_pending_requests >= ongoing:
+            raise ValueError(f"router.max_pending_requests ({router.max_pending_requests}) must stay under the router "
+                             f"deployment's max_ongoing_requests ({ongoing}), or requests queue at Ray Serve's proxy")
         uses_input = "input_length" in (router.policy, router.fallback_policy)
         if router.input_edges is None and uses_input and edges_needed:
             raise ValueError("the input_length policy (also as fallback) needs router.input_edges")

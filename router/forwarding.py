@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from collections.abc import AsyncIterator, Callable
 
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray.exceptions import TaskCancelledError
-from starlette.background import BackgroundTask
 from ray.serve.handle import DeploymentHandle
 # vLLM's class, not ray.serve.llm's public subclass: Ray's engine returns its internal subclass,
 # which is no instance of the public one.
@@ -71,6 +71,7 @@ class _UsageTap:
     def __init__(self, keep: bool):
         self.keep = keep
         self.completion_tokens: int | None = None
+        self.relayed = False  # the relay ran to its end (or its client left)
 
     def __call__(self, chunk: str) -> str:
         if '"usage"' not in chunk:
@@ -107,6 +108,7 @@ async def _relay(first, stream, tap: _UsageTap, done: Done, progress: Progress) 
     finally:  # also when the client goes away mid-stream
         if not ended:  # the client went away or the stream broke: vLLM aborts the request
             stream.cancel()
+        tap.relayed = True
         done(tap.completion_tokens)
     if not ended:
         yield "data: [DONE]\n\n"
@@ -129,10 +131,11 @@ async def forward(
 ):
     """The pool's answer as HTTP; `extension` fields are added to a JSON body, headers to both.
 
-    `done(completion_tokens or None)` is called exactly once (it must be idempotent): when a JSON
-    answer is in, when a stream ends, or when the client goes away, including before the stream's
-    body ever started (the response's background task). Cancelled or timed out here, the pool call
-    is cancelled too, so the engine stops decoding for nobody.
+    `done(completion_tokens or None)` is called (it must be idempotent) when a JSON answer is in,
+    when a stream ends or its client goes away, and when a stream response is dropped before its
+    body ever started (a cancelled ASGI task never runs the generator's `finally`: a finalizer on
+    the response covers it). Cancelled or timed out here, the pool call is cancelled too, so the
+    engine stops decoding for nobody.
     """
     stream = getattr(handle, kind).remote(body, None)
     try:
@@ -148,5 +151,14 @@ async def forward(
         done((payload.get("usage") or {}).get("completion_tokens"))
         return JSONResponse({**payload, **extension}, headers=headers)
     tap = _UsageTap(keep=client_wants_usage)
-    return _SSEResponse(_relay(first, stream, tap, done, progress), media_type="text/event-stream",
-                        headers=headers, background=BackgroundTask(lambda: done(tap.completion_tokens)))
+    response = _SSEResponse(_relay(first, stream, tap, done, progress), media_type="text/event-stream",
+                            headers=headers)
+    weakref.finalize(response, _abandoned, stream, tap, done)
+    return response
+
+
+def _abandoned(stream, tap: _UsageTap, done: Done) -> None:
+    """A stream response became garbage; if its relay never ran, nobody will read the engine."""
+    if not tap.relayed:
+        stream.cancel()
+        done(None)

@@ -2,8 +2,10 @@
 
 It is the application's ingress deployment; the predictor and the vLLM pools sit behind
 DeploymentHandles. Per request, in this order:
-1. parse and validate the body (router.validation) and render the token ids the engine will see
-   (router.prompt_ids);
+0. the API key (router.auth), and a cap on requests the router holds before they reach a pool
+   (beyond it 503 with Retry-After, so a flood never queues without bound in front of the router);
+1. parse and validate the body (FastAPI's typed body, router.validation) and render the token ids
+   the engine will see (router.prompt_ids), off the event loop and with a time limit;
 2. decide (router.decision): the pool, spillover, and what the request ranks by while it waits.
    Pool policies (estp, egtp) need the prediction to pick a pool, so they wait for it here;
    work policies (estp_work, ...) never do;
@@ -22,16 +24,21 @@ import asyncio
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle
+from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from vllm.entrypoints.generate.base.protocol import StreamOptions
+from vllm.exceptions import VLLMValidationError
 
 from predictor.head import LengthBins
 from router.admission import QueueOrder
+from router.auth import Keys
 from router.decision import Decider, Decision
 from router.errors import APIError
 from router.forwarding import forward
@@ -44,7 +51,7 @@ from router.prompt_ids import UnsupportedPrompt, prompt_ids
 from router.replica_router import ledger
 from router.routing import BenchmarkOverrides, Route, benchmark_overrides
 from router.telemetry import QualityMetrics, QueueMetrics, RoutingMetrics
-from router.validation import parse_request, read_body, request_kind
+from router.validation import BodyLimit, check_request, parse_request, request_kind, validation_error
 from router.waiting import PoolGate, QueueFull, Ticket
 
 log = logging.getLogger("ray.serve")
@@ -56,9 +63,19 @@ async def _api_error(_: Request, exc: APIError):
     return exc.response()
 
 
+@api.exception_handler(RequestValidationError)
+@api.exception_handler(VLLMValidationError)
+async def _invalid_body(_: Request, exc):
+    return validation_error(exc).response()
+
+
+_UNPARSEABLE = {UnicodeDecodeError: "Request body is not valid UTF-8.", RecursionError: "Request body is nested too deeply."}
+
+
 @api.exception_handler(StarletteHTTPException)
 async def _http_error(_: Request, exc: StarletteHTTPException):
-    return APIError(exc.status_code, str(exc.detail)).response()
+    cause = type(exc.__cause__)  # FastAPI's 400 "error parsing the body" hides why
+    return APIError(exc.status_code, _UNPARSEABLE.get(cause, str(exc.detail))).response()
 
 
 @api.exception_handler(Exception)
@@ -96,9 +113,19 @@ class Router:
 
         self._model = config["model"]
         self._limits = config["router"]
+        self._keys = Keys.from_env()
+        if self._limits["benchmark_headers"] and not self._keys.benchmark:
+            raise RuntimeError("router.benchmark_headers: true needs a benchmark key: set LENGTHSERVE_BENCHMARK_KEYS "
+                               "(or LENGTHSERVE_BENCHMARK_KEY_FILE) in the environment `serve run` starts from")
+        api.add_middleware(BodyLimit, max_bytes=self._limits["max_body_bytes"])
+        # Rendering a 1 MB prompt or a slow template must not stop the event loop that relays
+        # every stream; a runaway render holds one of these threads, never the loop.
+        self._render_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="render")
+        self._pending = 0  # requests this router holds before they reach a pool
         # Handles configured once: each .options() call creates a new handle with its own state.
         self._pools = {name: h.options(stream=True) for name, h in pools.items()}
         self._tokenizer = AutoTokenizer.from_pretrained(routing["model_path"])
+        self._vocab_size = len(self._tokenizer)
         self._bins = PoolBins(**routing["output_bins"])
         order = QueueOrder(**routing["queue_order"])
         self._load = PoolLoad(list(self._pools), routing["capacities"], self._limits["queue"]["max_waiting_per_slot"],
@@ -131,7 +158,9 @@ class Router:
         self._metrics_port: int | None = None
 
     @api.get("/health")
-    async def health(self) -> dict:
+    async def health(self, request: Request) -> dict:
+        if self._limits["auth"]["protect_health"]:
+            self._keys.check(request.headers)
         return {
             "status": "ok", "model": self._model["id"], "pools": list(self._pools),
             "policy": self._policy_name, "predictor": self._predictor.name, "output_edges": list(self._bins.edges),
@@ -158,34 +187,47 @@ class Router:
             self._metrics_port = next((n.get("MetricsExportPort") for n in ray.nodes() if n["NodeID"] == node), None)
         return self._metrics_port
 
+    def _card(self) -> dict:
+        return {"id": self._model["id"], "object": "model", "created": self._created, "owned_by": "lengthserve",
+                "max_model_len": self._model["max_model_len"]}
+
     @api.get("/v1/models")
-    async def models(self) -> dict:
-        card = {
-            "id": self._model["id"],
-            "object": "model",
-            "created": self._created,
-            "owned_by": "lengthserve",
-            "max_model_len": self._model["max_model_len"],
-        }
-        return {"object": "list", "data": [card]}
+    async def models(self, request: Request) -> dict:
+        self._keys.check(request.headers)
+        return {"object": "list", "data": [self._card()]}
+
+    @api.get("/v1/models/{model_id:path}")
+    async def model(self, model_id: str, request: Request) -> dict:
+        self._keys.check(request.headers)
+        if model_id != self._model["id"]:
+            raise APIError(404, f"The model '{model_id}' does not exist; this server serves '{self._model['id']}'.",
+                           param="model", code="model_not_found")
+        return self._card()
 
     @api.post("/v1/chat/completions")
-    async def chat(self, request: Request):
-        return await self._serve(request, "chat")
+    async def chat(self, body: ChatCompletionRequest, request: Request):
+        return await self._serve(request, body, "chat")
 
     @api.post("/v1/completions")
-    async def completions(self, request: Request):
-        return await self._serve(request, "completions")
+    async def completions(self, body: CompletionRequest, request: Request):
+        return await self._serve(request, body, "completions")
+
+    def _checked(self, request: Request, body, kind: str) -> None:
+        self._keys.check(request.headers)
+        check_request(body, kind, self._model["id"], self._model["max_model_len"], self._limits["limits"],
+                      self._vocab_size)
 
     @api.post("/v1/length")
     async def length(self, request: Request):
         """Only the prediction, for external schedulers: a chat or a completions body."""
-        raw = await read_body(request, self._limits["max_body_bytes"])
+        self._keys.check(request.headers)
+        raw = await request.body()
         kind = request_kind(raw)
-        body = parse_request(raw, kind, self._model["id"], self._model["max_model_len"])
+        body = parse_request(raw, kind)
+        self._checked(request, body, kind)
         bench = self._overrides(request)
         policy = bench.policy or self._policy_name
-        ids, failure = self._render(body, kind)
+        ids, failure = await self._render(body, kind)
         job = self._job(body, ids, bench)
         outcome = await self._predict(ids, failure, body, head_of(policy))
         if outcome.prediction is None:
@@ -201,14 +243,20 @@ class Router:
         return answer
 
     def _overrides(self, request: Request) -> BenchmarkOverrides:
-        return benchmark_overrides(request.headers, self._benchmark, self._decider.chain.policies, self._pools)
+        return benchmark_overrides(request.headers, self._benchmark, self._decider.chain.policies, self._pools,
+                                   self._keys)
 
-    def _render(self, body, kind: str) -> tuple[list[list[int]] | None, str]:
-        """The token ids of every prompt, or None and why they cannot be read."""
+    async def _render(self, body, kind: str) -> tuple[list[list[int]] | None, str]:
+        """The token ids of every prompt, or None and why they cannot be read; 400 past the time limit."""
+        loop = asyncio.get_running_loop()
+        limit = self._limits["render_timeout_s"]
         try:
-            return prompt_ids(self._tokenizer, body, kind), ""
+            render = loop.run_in_executor(self._render_pool, prompt_ids, self._tokenizer, body, kind)
+            return await asyncio.wait_for(render, limit), ""
         except UnsupportedPrompt as e:
             return None, str(e)
+        except TimeoutError:
+            raise APIError(400, f"Rendering the prompt took longer than {limit} s.", param="messages") from None
 
     @staticmethod
     def _job(body, ids: list[list[int]] | None, bench: BenchmarkOverrides) -> Job:
@@ -244,13 +292,22 @@ class Router:
             self._metrics.fallback(decision.fallback, detail)
         return decision
 
-    async def _serve(self, request: Request, kind: str):
-        raw = await read_body(request, self._limits["max_body_bytes"])
-        body = parse_request(raw, kind, self._model["id"], self._model["max_model_len"])
+    async def _serve(self, request: Request, body, kind: str):
+        self._checked(request, body, kind)
+        if self._pending >= self._limits["max_pending_requests"]:
+            raise APIError(503, "The router is at its limit of requests waiting for a pool; retry later.",
+                           code="router_overloaded", headers={"Retry-After": "2"})
+        self._pending += 1
+        try:
+            return await self._admit_and_relay(request, body, kind)
+        finally:
+            self._pending -= 1
+
+    async def _admit_and_relay(self, request: Request, body, kind: str):
         start = time.perf_counter()
         bench = self._overrides(request)
         policy = bench.policy or self._policy_name
-        ids, failure = self._render(body, kind)
+        ids, failure = await self._render(body, kind)
         job = self._job(body, ids, bench)
         outcome, trusted = None, self._trusted(policy)
         if policy in PREDICTED - WORK and trusted:  # a pool policy needs its prediction first

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from router.auth import Keys
+from router.errors import APIError
+
 
 @dataclass(frozen=True)
 class Route:
@@ -56,20 +59,21 @@ class BenchmarkOverrides:
     pool: str | None = None  # X-Target-Pool: a pool planned beforehand (batch-synchronous replays)
 
 
-def benchmark_overrides(headers, enabled: bool, policies, pools) -> BenchmarkOverrides:
-    """Reads the benchmark headers; raises APIError 400 on a bad value, or on any of them when off.
+def benchmark_overrides(headers, enabled: bool, policies, pools, keys: Keys) -> BenchmarkOverrides:
+    """Reads the benchmark headers; raises APIError 400 on a bad value, or on any of them when off,
+    and 401 without the benchmark key (router.auth).
 
     Refusing them when off (rather than ignoring them) keeps a benchmark pointed at a production
     router from silently measuring the configured policy under another policy's name.
     """
-    from router.errors import APIError
-
     policy, true_tokens, pool = (headers.get(h) for h in (POLICY_HEADER, ORACLE_HEADER, POOL_HEADER))
     given = [h for h, v in ((POLICY_HEADER, policy), (ORACLE_HEADER, true_tokens), (POOL_HEADER, pool)) if v is not None]
     if not enabled:
         if given:
             raise APIError(400, f"{', '.join(given)}: benchmark headers are off (router.benchmark_headers: false).")
         return BenchmarkOverrides()
+    if given:
+        keys.check_benchmark(headers)
     if policy is not None and policy not in policies:
         raise APIError(400, f"Unknown routing policy {policy!r} in {POLICY_HEADER}; one of {sorted(policies)}.")
     if true_tokens is not None and not true_tokens.isdigit():

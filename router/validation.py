@@ -1,8 +1,18 @@
-"""Turn raw HTTP bytes into a vLLM protocol request, or an APIError that says what is wrong.
+"""Request bodies: FastAPI parses them into vLLM's protocol models; this adds the limits a shared
+server needs and turns every failure into an OpenAI-format error.
 
-The body is parsed by hand rather than by FastAPI so that every failure (size, encoding, JSON,
-schema, values) gets an OpenAI-format error instead of FastAPI's own 422 shape. Checks that need
-the tokenizer (prompt longer than the context) stay with the engine, which answers them as 400.
+Parsing is FastAPI's typed body (as vLLM's own api_router does), so malformed JSON, a body that is
+no object, deep nesting that would exhaust the parser's recursion, and schema errors all end in
+one handler (`validation_error`). On top of the schema:
+- the body size limit (`BodyLimit`, before anything is parsed: 413);
+- the served model (404), roles OpenAI defines, non-empty messages and prompts, token ids inside
+  the vocabulary, max_tokens within the context;
+- bounds that stop one client from holding an engine: `n`, prompts per completions call, `stop`
+  entries;
+- no client-supplied chat template unless the deployment trusts them: a template is code the
+  router runs (vLLM refuses them the same way unless trusted).
+Checks that need the rendered prompt (longer than the context) stay with the engine, which
+answers them as 400.
 """
 
 from __future__ import annotations
@@ -10,28 +20,70 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from fastapi import Request
+from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from vllm.exceptions import VLLMValidationError
 
 from router.errors import APIError
 
 Kind = Literal["chat", "completions"]
-_MODELS = {"chat": ChatCompletionRequest, "completions": CompletionRequest}
+MODELS = {"chat": ChatCompletionRequest, "completions": CompletionRequest}
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > max_bytes:
-        raise APIError(413, f"Request body of {declared} bytes exceeds the limit of {max_bytes} bytes.")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise APIError(413, f"Request body exceeds the limit of {max_bytes} bytes.")
-        chunks.append(chunk)
-    return b"".join(chunks)
+class BodyLimit:
+    """ASGI middleware: bodies over `max_bytes` get 413 before any parsing (declared or streamed)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._too_large(scope, receive, send, f"{int(declared)} bytes exceeds")
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise _TooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await self._too_large(scope, receive, send, "exceeds")
+
+    async def _too_large(self, scope, receive, send, what: str) -> None:
+        response = APIError(413, f"Request body of {what} the limit of {self.max_bytes} bytes.").response()
+        await response(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def validation_error(err: RequestValidationError | ValidationError | VLLMValidationError) -> APIError:
+    """The first problem of a body, in OpenAI's format (400), whatever layer found it."""
+    if isinstance(err, VLLMValidationError):  # vLLM's own validators bypass pydantic's error type
+        return APIError(400, str(err), param=err.parameter)
+    first = err.errors()[0]
+    kind, loc = first.get("type", ""), [str(p) for p in first.get("loc", ()) if p != "body"]
+    if kind == "json_invalid":
+        return APIError(400, f"Request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}.")
+    if not loc and kind in ("model_attributes_type", "dict_type", "model_type"):
+        return APIError(400, "Request body must be a JSON object.")
+    where = ".".join(loc)
+    param = loc[0] if loc else None  # OpenAI names the top-level parameter; the message has the path
+    if kind == "missing":
+        return APIError(400, f"Missing required parameter: '{where}'.", param=param)
+    return APIError(400, f"Invalid value for '{where}': {first.get('msg')}", param=param)
 
 
 def request_kind(raw: bytes) -> Kind:
@@ -41,51 +93,76 @@ def request_kind(raw: bytes) -> Kind:
     """
     try:
         payload = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return "chat"
     return "completions" if isinstance(payload, dict) and "prompt" in payload and "messages" not in payload else "chat"
 
 
-def _first_error(err: ValidationError) -> APIError:
-    first = err.errors()[0]
-    param = ".".join(str(p) for p in first.get("loc", ())) or None
-    return APIError(400, f"Invalid value for '{param}': {first.get('msg')}", param=param)
-
-
-def parse_request(raw: bytes, kind: Kind, served_model: str, max_model_len: int):
+def parse_request(raw: bytes, kind: Kind):
+    """The body of an endpoint that takes either kind (/v1/length): the same errors as FastAPI's."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise APIError(400, f"Request body is not valid UTF-8 (byte {e.start}).") from None
-    try:
-        payload = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise APIError(400, f"Request body is not valid JSON: {e.msg} at position {e.pos}.") from None
-    if not isinstance(payload, dict):
-        raise APIError(400, "Request body must be a JSON object.")
-    for field in ("model", "messages" if kind == "chat" else "prompt"):
-        if field not in payload:
-            raise APIError(400, f"Missing required parameter: '{field}'.", param=field)
-    if payload["model"] != served_model:
-        raise APIError(
-            404, f"The model '{payload['model']}' does not exist; this server serves '{served_model}'.",
-            param="model", code="model_not_found",
-        )
-    try:
-        body = _MODELS[kind].model_validate(payload)
+        return MODELS[kind].model_validate_json(raw)
     except ValidationError as e:
-        raise _first_error(e) from None
-    except VLLMValidationError as e:  # vLLM's own validators bypass pydantic's error type
-        raise APIError(400, str(e), param=e.parameter) from None
-    _check_values(body, kind, max_model_len)
-    return body
+        raise validation_error(e) from None
+    except VLLMValidationError as e:
+        raise validation_error(e) from None
+    except RecursionError:
+        raise APIError(400, "Request body is nested too deeply.") from None
 
 
-def _check_values(body, kind: Kind, max_model_len: int) -> None:
-    if kind == "chat" and not body.messages:
+def check_request(body, kind: Kind, served_model: str, max_model_len: int, limits: dict, vocab_size: int) -> None:
+    """What the schema cannot say; raises APIError."""
+    if not body.model:
+        raise APIError(400, "Missing required parameter: 'model'.", param="model")
+    if body.model != served_model:
+        raise APIError(404, f"The model '{body.model}' does not exist; this server serves '{served_model}'.",
+                       param="model", code="model_not_found")
+    if kind == "chat":
+        _check_messages(body, limits)
+    else:
+        _check_prompt(body.prompt, limits, vocab_size)
+    _check_bounds(body, limits, max_model_len)
+
+
+def _check_messages(body, limits: dict) -> None:
+    if not body.messages:
         raise APIError(400, "'messages' must contain at least one message.", param="messages")
-    if kind == "completions" and body.prompt in ("", []):
+    for i, message in enumerate(body.messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ROLES:
+            raise APIError(400, f"Invalid role {role!r} in messages[{i}]; one of {sorted(ROLES)}.",
+                           param=f"messages.{i}.role")
+    template = body.chat_template or (body.chat_template_kwargs or {}).get("chat_template")
+    if template and not limits["trust_request_chat_template"]:
+        raise APIError(400, "Client-supplied chat templates are not accepted by this server "
+                       "(router.trust_request_chat_template: false).", param="chat_template")
+
+
+def _check_prompt(prompt, limits: dict, vocab_size: int) -> None:
+    if prompt in ("", []) or prompt is None:
         raise APIError(400, "'prompt' must not be empty.", param="prompt")
+    prompts = [prompt] if isinstance(prompt, str) or isinstance(prompt[0], int) else list(prompt)
+    if len(prompts) > limits["max_prompts"]:
+        raise APIError(400, f"{len(prompts)} prompts in one request; at most {limits['max_prompts']}.",
+                       param="prompt")
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            continue
+        if not p:
+            raise APIError(400, f"prompt[{i}] is an empty list of token ids.", param="prompt")
+        bad = next((t for t in p if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise APIError(400, f"Token id {bad} in prompt[{i}] is outside the vocabulary (0..{vocab_size - 1}).",
+                           param="prompt")
+
+
+def _check_bounds(body, limits: dict, max_model_len: int) -> None:
+    n = body.n or 1
+    if n > limits["max_n"]:
+        raise APIError(400, f"'n' = {n} exceeds this server's limit of {limits['max_n']}.", param="n")
+    stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
+    if len(stop) > limits["max_stop"]:
+        raise APIError(400, f"{len(stop)} stop sequences; at most {limits['max_stop']}.", param="stop")
     for name in ("max_tokens", "max_completion_tokens"):
         value = getattr(body, name, None)
         if value is None:
@@ -93,7 +170,5 @@ def _check_values(body, kind: Kind, max_model_len: int) -> None:
         if value < 1:
             raise APIError(400, f"'{name}' must be at least 1, got {value}.", param=name)
         if value > max_model_len:
-            raise APIError(
-                400, f"'{name}' = {value} exceeds the model's context of {max_model_len} tokens.",
-                param=name,
-            )
+            raise APIError(400, f"'{name}' = {value} exceeds the model's context of {max_model_len} tokens.",
+                           param=name)

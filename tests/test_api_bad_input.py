@@ -38,6 +38,8 @@ CASES = {
     "malformed_json": (b'{"model": "x", "messages": [', 400, "not valid JSON"),
     "not_an_object": (b'["a", "b"]', 400, "JSON object"),
     "non_utf8": (b'{"model": "\xff\xfe"}', 400, "UTF-8"),
+    # 10 KB of nesting: a RecursionError (500) before; FastAPI's parser answers 400.
+    "deeply_nested": (b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, ""),
 }
 
 
@@ -56,6 +58,10 @@ def test_unparseable_bodies(stack, still_serving, name):
         ({"max_tokens": 0}, "max_tokens", "at least 1"),
         ({"max_tokens": -3}, "max_tokens", "at least 1"),
         ({"max_tokens": 100000}, "max_tokens", "exceeds the model's context"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role", "invalid role"),
+        ({"n": 1000, "max_tokens": 2}, "n", "exceeds this server's limit"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "stop"),
+        ({"chat_template": "{% for i in range(10**9) %}x{% endfor %}"}, "chat_template", "not accepted"),
     ],
 )
 def test_invalid_fields(stack, still_serving, overrides, param, fragment):
@@ -86,9 +92,18 @@ def test_prompt_longer_than_context_is_rejected_by_the_engine(client, stack, sti
     assert "token" in str(exc.value).lower()
 
 
-def test_empty_completion_prompt(stack, still_serving):
-    r = _post(stack, "/v1/completions", json_body={"model": stack.model, "prompt": "", "max_tokens": 2})
-    _assert_error(r, 400, "prompt")
+@pytest.mark.parametrize("prompt,fragment", [("", "empty"), ([[]], "empty"), ([10**9], "vocabulary"),
+                                             (["a"] * 17, "at most 16")])
+def test_bad_completion_prompts(stack, still_serving, prompt, fragment):
+    r = _post(stack, "/v1/completions", json_body={"model": stack.model, "prompt": prompt, "max_tokens": 2})
+    _assert_error(r, 400, fragment)
+    assert r.json()["error"]["param"] == "prompt"
+
+
+def test_models_retrieve(client, stack, still_serving):
+    assert client.models.retrieve(stack.model).id == stack.model
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
 
 
 def test_oversized_body_is_413(stack, still_serving):

@@ -52,7 +52,7 @@ def test_unpinned_pools_ask_for_no_custom_resource():
 
 def test_gpu_engines_ask_for_their_gpu_share_beside_the_node_group():
     config = StackConfig.model_validate(_args(_serve(GPU_SERVE)))
-    assert engine_bundle(config.model, config.pools[2]) == {"CPU": 1, "GPU": 0.9, "pool_long": NODE_GROUP_SHARE}
+    assert engine_bundle(config.model, config.pools[0]) == {"CPU": 1, "GPU": 0.9, "pool_default": NODE_GROUP_SHARE}
 
 
 @pytest.mark.parametrize("group", ["pool short", "pool:short", ""])
@@ -87,18 +87,18 @@ def test_gpu_serve_config_validates_and_has_the_shape_of_ray_config():
 def _kuberay_nodes() -> list[dict]:
     """Resources each KubeRay group's pods advertise (rayStartParams holds them as quoted JSON)."""
     cluster = _kuberay()["spec"]["rayClusterConfig"]
-    nodes = [{HEAD_RESOURCE: 1, "GPU": 0}]
+    nodes = [{HEAD_RESOURCE: 1, "GPU": 0, "min": 1}]
     for group in cluster["workerGroupSpecs"]:
         custom = json.loads(json.loads(group["rayStartParams"]["resources"]))
         gpus = float(group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
-        nodes.append({**custom, "GPU": gpus})
+        nodes.append({**custom, "GPU": gpus, "min": group["minReplicas"]})
     return nodes
 
 
 def _launcher_nodes() -> list[dict]:
     launcher = yaml.safe_load(LAUNCHER.read_text())
     head = launcher["head_node_type"]
-    return [{**t["resources"], **({HEAD_RESOURCE: 1} if name == head else {})}
+    return [{**t["resources"], **({HEAD_RESOURCE: 1} if name == head else {}), "min": t.get("min_workers", 1)}
             for name, t in launcher["available_node_types"].items()]
 
 
@@ -113,7 +113,7 @@ def test_every_placement_the_serve_config_asks_for_has_nodes(nodes):
     placement = predictor.deployment["ray_actor_options"]["resources"]
     hosts = [n for n in nodes if all(r in n for r in placement)]
     assert predictor.deployment["max_replicas_per_node"] == 1
-    assert predictor.deployment["num_replicas"] == len(hosts) == len(config.pools)  # one per engine node
+    assert predictor.deployment["num_replicas"] == sum(n["min"] for n in hosts)  # one per engine node
     assert all(n["GPU"] >= config.model.engine_gpus + predictor.gpus for n in hosts)  # shares the GPU
     router = config.router.deployment["ray_actor_options"]["resources"]
     assert [n for n in nodes if all(r in n for r in router)] == [nodes[0]]  # the head

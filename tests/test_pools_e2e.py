@@ -25,6 +25,7 @@ from tests.stack import RunningStack
 pytestmark = [pytest.mark.stack, pytest.mark.own_cluster]
 
 POOLS = ["short", "medium", "long"]
+API_KEY = "pools-test-key"  # this stack also serves with API keys on (router.auth)
 POOL_ARGS = {
     "pools": [{"name": name, "deployment": {"num_replicas": 1, "max_ongoing_requests": 16}} for name in POOLS],
     "predictor": {"predict": "all"},  # work policies (via the benchmark header) predict every request too
@@ -36,7 +37,7 @@ POOL_ARGS = {
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """This module's own stack (it shadows the shared one): the pools, then stopped at the module's end."""
-    running = RunningStack(tmp_path_factory.mktemp("pools"), POOL_ARGS).start()
+    running = RunningStack(tmp_path_factory.mktemp("pools"), POOL_ARGS, api_key=API_KEY).start()
     yield running
     running.stop()
 
@@ -45,7 +46,7 @@ def stack(tmp_path_factory):
 def client(stack):
     from openai import OpenAI
 
-    return OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+    return OpenAI(base_url=f"{stack.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
 SHORT = "Say hi."
 # Math word problems: the ESTP head gives them the most mass above the medium edge.
 LONG_CANDIDATES = [
@@ -63,8 +64,13 @@ def _chat(stack, content: str, **extra) -> dict:
     return {"model": stack.model, "messages": [{"role": "user", "content": content}], **extra}
 
 
-def _post(stack, path: str, body: dict, **kwargs) -> httpx.Response:
-    return httpx.post(f"{stack.base_url}{path}", json=body, timeout=300, **kwargs)
+def _post(stack, path: str, body: dict, headers: dict | None = None) -> httpx.Response:
+    return httpx.post(f"{stack.base_url}{path}", json=body, timeout=300, headers={**stack.client_headers,
+                                                                                  **(headers or {})})
+
+
+def _get(stack, path: str) -> httpx.Response:
+    return httpx.get(f"{stack.base_url}{path}", timeout=30, headers=stack.client_headers)
 
 
 def _predict(stack, content: str, **extra) -> dict:
@@ -76,7 +82,7 @@ def _predict(stack, content: str, **extra) -> dict:
 def _stream_headers(stack, body: dict) -> httpx.Headers:
     """Open a stream, keep only its headers, and hang up (the router cancels the rest)."""
     with httpx.stream("POST", f"{stack.base_url}/v1/chat/completions", json={**body, "stream": True},
-                      timeout=300) as r:
+                      timeout=300, headers=stack.client_headers) as r:
         assert r.status_code == 200
         return r.headers
 
@@ -111,7 +117,7 @@ def test_json_and_stream_responses_carry_the_prediction(stack):
     assert int(r.headers["x-predicted-tokens"]) <= 8 and routing["policy"] == "estp"
     assert body["usage"]["completion_tokens"] >= 1
 
-    with httpx.stream("POST", f"{stack.base_url}/v1/completions", timeout=300, json={
+    with httpx.stream("POST", f"{stack.base_url}/v1/completions", timeout=300, headers=stack.client_headers, json={
         "model": stack.model, "prompt": "One, two, three,", "max_tokens": 6, "stream": True,
     }) as s:
         assert s.headers["x-pool"] == "short" and "x-predicted-tokens" in s.headers
@@ -138,7 +144,7 @@ def test_short_and_long_predictions_land_in_different_pools(stack):
 def _wait_idle(stack, timeout_s: float = 120) -> None:
     """Streams hung up by earlier tests leave the router's in-flight counts shortly after."""
     deadline = time.time() + timeout_s
-    while any(httpx.get(f"{stack.base_url}/health", timeout=30).json()["inflight"].values()):
+    while any(_get(stack, "/health").json()["inflight"].values()):
         assert time.time() < deadline, "requests still in flight"
         time.sleep(1)
 
@@ -163,7 +169,8 @@ def test_saturated_pool_spills_to_its_neighbour(stack):
 
     async def run():
         limits = httpx.Limits(max_connections=capacity + 8)
-        async with httpx.AsyncClient(base_url=stack.base_url, timeout=300, limits=limits) as client:
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=300, limits=limits,
+                                     headers=stack.client_headers) as client:
             async with AsyncExitStack() as held:
                 opened = await asyncio.gather(*(
                     held.enter_async_context(client.stream("POST", "/v1/chat/completions", json=holder))
@@ -185,19 +192,19 @@ def test_benchmark_headers_choose_policy_and_head_per_request(stack, client):
 
     _wait_idle(stack)  # no spillover from the streams of earlier tests
     estp = _predict(stack, SHORT, max_tokens=600)
-    r = _post(stack, "/v1/length", _chat(stack, SHORT, max_tokens=600), headers={"X-Routing-Policy": "egtp"})
+    r = _post(stack, "/v1/length", _chat(stack, SHORT, max_tokens=600), headers={**stack.client_headers, "X-Routing-Policy": "egtp"})
     assert r.status_code == 200 and r.json()["routing"]["policy"] == "egtp"
     assert r.json()["expected_tokens"] != estp["expected_tokens"]  # the EGTP head, from the same prefill
     assert "routing" not in estp  # no header: the default answer, unchanged
 
     oracle = _post(stack, "/v1/chat/completions", _chat(stack, SHORT, max_tokens=4),
-                   headers={"X-Routing-Policy": "oracle", "X-True-Output-Tokens": "1000"})
+                   headers={**stack.client_headers, "X-Routing-Policy": "oracle", "X-True-Output-Tokens": "1000"})
     assert oracle.headers["x-routing-policy"] == "oracle" and oracle.headers["x-pool"] == POOLS[-1]
     turns = [_post(stack, "/v1/chat/completions", _chat(stack, SHORT, max_tokens=2),
-                   headers={"X-Routing-Policy": "round_robin"}).headers["x-pool"] for _ in POOLS]
+                   headers={**stack.client_headers, "X-Routing-Policy": "round_robin"}).headers["x-pool"] for _ in POOLS]
     assert sorted(turns) == sorted(POOLS)
     with pytest.raises(openai.BadRequestError, match="Unknown routing policy"):
-        client.chat.completions.create(**_chat(stack, SHORT, max_tokens=2), extra_headers={"X-Routing-Policy": "fast"})
+        client.chat.completions.create(**_chat(stack, SHORT, max_tokens=2), extra_headers={**stack.client_headers, "X-Routing-Policy": "fast"})
 
 
 def test_a_prediction_that_lands_after_dispatch_updates_the_replicas_work_estimate(stack):
@@ -205,14 +212,14 @@ def test_a_prediction_that_lands_after_dispatch_updates_the_replicas_work_estima
     _wait_idle(stack)
     body = _chat(stack, "Count upwards from one.", max_tokens=300, ignore_eos=True, stream=True)
     with httpx.stream("POST", f"{stack.base_url}/v1/chat/completions", json=body, timeout=300,
-                      headers={"X-Routing-Policy": "estp_work"}) as s:
+                      headers={**stack.client_headers, "X-Routing-Policy": "estp_work"}) as s:
         assert s.headers["x-routing-policy"] == "estp_work" and float(s.headers["x-queue-ms"]) == 0.0
         assert "x-predicted-tokens" not in s.headers  # dispatched before its prediction landed
         pool, lines = s.headers["x-pool"], s.iter_lines()
         deadline, seen = time.time() + 60, []
         while time.time() < deadline:
             next(lines)  # keep the stream flowing
-            replicas = httpx.get(f"{stack.base_url}/health", timeout=30).json()["replicas"][pool]
+            replicas = _get(stack, "/health").json()["replicas"][pool]
             seen = [r for r in replicas.values() if r["predicted"]]
             if seen:
                 break
@@ -221,8 +228,23 @@ def test_a_prediction_that_lands_after_dispatch_updates_the_replicas_work_estima
         first = seen[0]["predicted_remaining_tokens"]
         for _ in range(40):
             next(lines)
-        later = next(iter(httpx.get(f"{stack.base_url}/health", timeout=30).json()["replicas"][pool].values()))
+        later = next(iter(_get(stack, "/health").json()["replicas"][pool].values()))
         assert later["predicted_remaining_tokens"] <= first  # conditioned on the tokens streamed since
+
+
+def test_api_keys_guard_everything_but_health(stack):
+    body = _chat(stack, "Hi", max_tokens=2)
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        r = httpx.post(f"{stack.base_url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert httpx.get(f"{stack.base_url}/v1/models", headers=headers, timeout=30).status_code == 401
+    assert httpx.get(f"{stack.base_url}/health", timeout=30).status_code == 200  # probes need no secret
+    assert _post(stack, "/v1/chat/completions", body).status_code == 200
+    # The benchmark headers need their own key on top: without it, 401 even with an API key.
+    r = httpx.post(f"{stack.base_url}/v1/chat/completions", json=body, timeout=60,
+                   headers={"Authorization": f"Bearer {API_KEY}", "X-Routing-Policy": "oracle",
+                            "X-True-Output-Tokens": "0"})
+    assert r.status_code == 401 and "benchmark key" in r.json()["error"]["message"]
 
 
 def _predictor_replicas(stack) -> list[psutil.Process]:

@@ -70,10 +70,14 @@ def test_batch_groups_follow_the_plan_in_trace_order():
         "short": [["r0", "r2"], ["r3"]], "long": [["r1", "r4"]]}
 
 
-def test_benchmark_headers_only_with_a_policy():
+def test_benchmark_headers_only_with_a_policy(monkeypatch):
+    monkeypatch.delenv("LENGTHSERVE_BENCHMARK_KEY", raising=False)
     assert benchmark_headers(_req(0, true=42), None) == {}
     assert benchmark_headers(_req(0, true=42), "oracle", "long") == {
         "X-Routing-Policy": "oracle", "X-True-Output-Tokens": "42", "X-Target-Pool": "long"}
+    monkeypatch.setenv("LENGTHSERVE_BENCHMARK_KEY", "k")
+    assert benchmark_headers(_req(0, true=42), "ceiling")["X-Benchmark-Key"] == "k"
+    assert "X-True-Output-Tokens" not in benchmark_headers(_req(0, true=42), "ceiling")  # no median: nothing
 
 
 def test_records_round_trip(tmp_path):

@@ -5,12 +5,14 @@ import random
 import pytest
 
 from predictor.head import LengthBins, LengthPrediction
+from router.auth import Keys
 from router.length_bins import PoolBins
 from router.policies import POLICIES, Job, NoDecision, PolicyChain, PolicyContext
 from router.pool_load import PoolLoad
 
 POOLS = ["short", "medium", "long"]
 BINS = PoolBins(tuple(POOLS), (100.0, 300.0))
+KEYS = Keys(api=frozenset(), benchmark=frozenset({"k"}))
 
 
 def _ctx(capacities=None, replicas=None, seed=0) -> PolicyContext:
@@ -147,10 +149,10 @@ def _headers(**values) -> dict:
 def test_benchmark_headers_pick_policy_oracle_length_and_pool():
     from router.routing import benchmark_overrides
 
-    got = benchmark_overrides(_headers(routing_policy="egtp", true_output_tokens="42", target_pool="long"),
-                              True, POLICIES, POOLS)
+    got = benchmark_overrides(_headers(routing_policy="egtp", true_output_tokens="42", target_pool="long",
+                                       benchmark_key="k"), True, POLICIES, POOLS, KEYS)
     assert (got.policy, got.true_tokens, got.pool) == ("egtp", 42, "long")
-    assert benchmark_overrides({}, True, POLICIES, POOLS) == benchmark_overrides({}, False, POLICIES, POOLS)
+    assert benchmark_overrides({}, True, POLICIES, POOLS, KEYS) == benchmark_overrides({}, False, POLICIES, POOLS, KEYS)
 
 
 @pytest.mark.parametrize("enabled,headers,fragment", [
@@ -165,8 +167,20 @@ def test_bad_or_unexpected_benchmark_headers_are_400(enabled, headers, fragment)
     from router.routing import benchmark_overrides
 
     with pytest.raises(APIError, match=fragment) as err:
-        benchmark_overrides(_headers(**headers), enabled, POLICIES, POOLS)
+        benchmark_overrides(_headers(**headers, benchmark_key="k"), enabled, POLICIES, POOLS, KEYS)
     assert err.value.status == 400
+
+
+def test_benchmark_headers_need_their_own_key():
+    """Without it any client could claim its request is 0 tokens long and jump the queue."""
+    from router.errors import APIError
+    from router.routing import benchmark_overrides
+
+    for key in (None, "wrong"):
+        headers = _headers(routing_policy="oracle", true_output_tokens="0", **({"benchmark_key": key} if key else {}))
+        with pytest.raises(APIError) as err:
+            benchmark_overrides(headers, True, POLICIES, POOLS, KEYS)
+        assert err.value.status == 401
 
 
 def test_engine_priority_is_the_rank_or_the_pools_longest():

@@ -1,5 +1,7 @@
 """What the router adds to responses and takes out of streams, and the prompt it predicts on."""
 
+import asyncio
+import gc
 import json
 import os
 
@@ -16,7 +18,7 @@ DELTA = 'data: {"id":"x","choices":[{"index":0,"delta":{"content":"hi"}}]}'
 
 
 def _parse(payload: dict, kind: str = "chat"):
-    return parse_request(json.dumps(payload).encode(), kind, "m", 4096)
+    return parse_request(json.dumps(payload).encode(), kind)
 
 
 @pytest.mark.parametrize("keep", [True, False])
@@ -74,3 +76,89 @@ def test_prompt_ids_match_the_dataset_encoding_and_engine_rules():
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]})
     with pytest.raises(UnsupportedPrompt):
         prompt_ids(tok, image, "chat")
+
+
+class _FakeStream:
+    """A pool's response generator: yields `items`, or hangs forever before the first one."""
+
+    def __init__(self, items: list | None):
+        self.items, self.cancelled = items, False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.items is None:
+            await asyncio.sleep(3600)
+        if not self.items:
+            raise StopAsyncIteration
+        return self.items.pop(0)
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class _FakeHandle:
+    def __init__(self, stream):
+        self.stream = stream
+        self.chat = self  # handle.chat.remote(body, None)
+
+    def remote(self, body, _):
+        return self.stream
+
+
+def _body(stream: bool):
+    return _parse({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream})
+
+
+def test_a_timed_out_request_cancels_the_engine_call_instead_of_abandoning_it():
+    from router.forwarding import forward
+
+    stream = _FakeStream(items=None)
+    calls = []
+
+    async def run():
+        async with asyncio.timeout(0.05):
+            await forward(_FakeHandle(stream), "chat", _body(False), {}, {}, False, calls.append, lambda: None)
+
+    with pytest.raises(TimeoutError):
+        asyncio.run(run())
+    assert stream.cancelled  # vLLM stops decoding for nobody
+
+
+def test_a_stream_whose_task_dies_before_its_body_starts_still_releases_its_slot():
+    from router.forwarding import forward
+
+    stream = _FakeStream(items=[[DELTA + "\n\n"], [DELTA + "\n\n"]])
+    done = []
+
+    async def run():
+        # The handler returns the response; the ASGI task is cancelled before the body starts.
+        await forward(_FakeHandle(stream), "chat", _body(True), {}, {}, False, done.append, lambda: None)
+
+    asyncio.run(run())
+    gc.collect()
+    assert done == [None] and stream.cancelled
+
+
+def test_a_finished_stream_releases_its_slot_with_its_usage():
+    from router.forwarding import forward
+
+    stream = _FakeStream(items=[[DELTA + "\n\n"], [USAGE + "\n\ndata: [DONE]\n\n"]])
+    done, sent = [], []
+
+    async def run():
+        response = await forward(_FakeHandle(stream), "chat", _body(True), {}, {}, False, done.append, lambda: None)
+
+        async def receive():
+            await asyncio.sleep(3600)
+
+        async def send(message):
+            sent.append(message)
+
+        await response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send)
+
+    asyncio.run(run())
+    gc.collect()
+    assert done[0] == 7 and not stream.cancelled  # ran to the end: nothing to cancel
+    assert b"[DONE]" in b"".join(m.get("body", b"") for m in sent)

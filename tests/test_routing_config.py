@@ -17,15 +17,18 @@ def _default_args() -> dict:
     return yaml.safe_load((REPO / "ray_config.yaml").read_text())["applications"][0]["args"]
 
 
-def test_default_config_is_three_length_pools_routed_by_estp():
+def test_default_config_is_one_pool_behind_the_shortest_first_queue():
     config = StackConfig.model_validate(_default_args())
-    assert [p.name for p in config.pools] == ["short", "medium", "long"]
-    assert config.router.policy == "estp" and config.router.fallback_policy == "input_length"
+    assert [p.name for p in config.pools] == ["default"] and config.pools[0].saturation() == 32
+    assert config.router.policy == "estp_work" and config.router.fallback_policy == "ray_default"
+    assert config.router.queue.max_overtake_s == 300 and config.predictor.predict == "waiting"
+    assert config.predictor.checkpoint_path("estp_work") == DEFAULT_CHECKPOINTS / "estp" / "head"
+    assert config.predictor.checkpoint_path("egtp_work") == DEFAULT_CHECKPOINTS / "egtp" / "head"
     assert config.predictor.checkpoint_path("estp") == DEFAULT_CHECKPOINTS / "estp" / "head"
     assert config.predictor.checkpoint_path("egtp") == DEFAULT_CHECKPOINTS / "egtp" / "head"
     assert config.predictor.checkpoint_path("round_robin") == DEFAULT_CHECKPOINTS / "estp" / "head"
     assert not config.router.benchmark_headers
-    assert config.predictor.heads("estp", every_predicted=False) == {"estp": DEFAULT_CHECKPOINTS / "estp" / "head"}
+    assert config.predictor.heads("estp_work", every_predicted=False) == {"estp": DEFAULT_CHECKPOINTS / "estp" / "head"}
     assert list(config.predictor.heads("round_robin", every_predicted=True)) == ["estp", "egtp"]
     assert list(config.predictor.heads("egtp", every_predicted=True)) == ["egtp", "estp"]
 

@@ -30,6 +30,7 @@ import httpx
 import ray
 
 from benchmarks.replay.records import RequestRecord
+from benchmarks.replay.stack import BENCHMARK_KEY_ENV
 from benchmarks.replay.trace import TraceRequest
 
 log = logging.getLogger(__name__)
@@ -68,10 +69,14 @@ def account(trace: list[TraceRequest], records: list[RequestRecord]) -> Accounti
 
 def benchmark_headers(request: TraceRequest, policy: str | None, pool: str | None = None) -> dict[str, str]:
     """What the router's benchmark option reads; nothing at all without a policy. Known-length
-    policies are told the true length, or the prompt's median for the ceiling."""
+    policies are told the true length, or the prompt's median for the ceiling. The benchmark key
+    (router.auth) comes from LENGTHSERVE_BENCHMARK_KEY in this process's environment: the replay
+    actors inherit it from the cluster, RunningStack sets it for the stacks it starts."""
     if policy is None:
         return {}
     headers = {"X-Routing-Policy": policy}
+    if key := os.environ.get(BENCHMARK_KEY_ENV):
+        headers["X-Benchmark-Key"] = key
     known = request.known_tokens(policy)
     if known is not None:
         headers["X-True-Output-Tokens"] = str(known)

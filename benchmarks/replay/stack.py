@@ -8,6 +8,7 @@ benchmark headers) are merged into the copy the same way.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -21,6 +22,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = float(os.environ.get("STACK_START_TIMEOUT_S", 900))
+BENCHMARK_KEY_ENV = "LENGTHSERVE_BENCHMARK_KEY"  # the key a benchmark client sends (X-Benchmark-Key)
 
 
 def free_port() -> int:
@@ -37,13 +39,22 @@ def _merge(base: dict, override: dict) -> dict:
 
 
 class RunningStack:
-    def __init__(self, workdir: Path, args_override: dict | None = None, ray_address: str = "local"):
+    def __init__(self, workdir: Path, args_override: dict | None = None, ray_address: str = "local",
+                 api_key: str | None = None):
+        """`api_key`: serve with API keys on (router.auth), this one the only key."""
         config = yaml.safe_load((REPO / "ray_config.yaml").read_text())
         self.port = free_port()
         config["http_options"]["port"] = self.port
         app = config["applications"][0]
         app["args"] = _merge(app["args"], args_override or {})
         self.model = app["args"]["model"]["id"]
+        # The router accepts benchmark headers only with a key of its own (router.auth): a fresh
+        # one per stack, in the stack's environment (so its replay actors have it) and in ours.
+        self.benchmark_key = None
+        if app["args"].get("router", {}).get("benchmark_headers"):
+            self.benchmark_key = os.environ.get(BENCHMARK_KEY_ENV) or secrets.token_urlsafe(24)
+            os.environ[BENCHMARK_KEY_ENV] = self.benchmark_key
+        self.api_key = api_key
         self.config_path = workdir / "ray_config.test.yaml"
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         self.log_path = workdir / "serve_run.log"
@@ -65,7 +76,9 @@ class RunningStack:
         self._proc = subprocess.Popen(
             [str(serve_bin), "run", str(self.config_path)],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "RAY_ADDRESS": self._ray_address},
+            env={**os.environ, "RAY_ADDRESS": self._ray_address,
+                 **({"LENGTHSERVE_BENCHMARK_KEYS": self.benchmark_key} if self.benchmark_key else {}),
+                 **({"LENGTHSERVE_API_KEYS": self.api_key} if self.api_key else {})},
         )
         deadline = time.time() + START_TIMEOUT_S
         while time.time() < deadline:
@@ -77,11 +90,17 @@ class RunningStack:
         self.stop()
         raise TimeoutError(f"stack not ready after {START_TIMEOUT_S:.0f}s; see {self.log_path}")
 
+    @property
+    def client_headers(self) -> dict[str, str]:
+        """What a client of this stack sends: its API key, and the key benchmark headers need."""
+        return {**({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}),
+                **({"X-Benchmark-Key": self.benchmark_key} if self.benchmark_key else {})}
+
     def _answers(self) -> bool:
         try:
             r = httpx.post(
                 f"{self.base_url}/v1/completions",
-                json={"model": self.model, "prompt": "Hi", "max_tokens": 1}, timeout=30,
+                json={"model": self.model, "prompt": "Hi", "max_tokens": 1}, timeout=30, headers=self.client_headers,
             )
             return r.status_code == 200
         except httpx.HTTPError:
