@@ -37,8 +37,11 @@ def _gguf_path() -> Path:
 
 def weights_hash(model_dir: str | os.PathLike) -> str:
     """Short content hash of a model folder's weights: ties datasets and checkpoints to exact weights."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}: nothing to tie a head or a dataset to")
     digest = hashlib.sha256()
-    for f in sorted(Path(model_dir).glob("*.safetensors")):
+    for f in files:
         with open(f, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 22), b""):
                 digest.update(block)
@@ -89,14 +92,26 @@ def prepare_embedded_model(out_dir: str | os.PathLike = DEFAULT_MODEL_DIR) -> Pa
 
 
 def resolve_model_source(source: str) -> str:
-    """Map the config's model source to something vLLM and transformers can load.
+    """Map the config's model source to a local folder that vLLM and transformers both load.
 
-    `embedded` means the converted SmolLM2 folder (made on first use); anything else (a local folder
-    or a Hugging Face id) passes through, so switching models is a config change.
+    `embedded` means the converted SmolLM2 folder (made on first use); a local folder passes
+    through; a Hugging Face id becomes its snapshot folder (downloaded unless HF_HUB_OFFLINE), so
+    switching models is a config change. Always a folder, so that the weights hash that ties
+    datasets and predictor heads to exact weights covers real files: a hub id left unresolved
+    would hash nothing, and a head trained on other weights would load unnoticed.
     """
     if source == "embedded":
         return str(prepare_embedded_model())
-    return source
+    if Path(source).is_dir():
+        return source
+    from huggingface_hub import snapshot_download
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    try:
+        return snapshot_download(source, local_files_only=offline)
+    except Exception as e:
+        raise FileNotFoundError(f"model source {source!r} is neither a folder nor a Hugging Face id with weights "
+                                f"{'in the local cache (HF_HUB_OFFLINE=1)' if offline else 'on the hub'}: {e}") from None
 
 
 def main() -> None:

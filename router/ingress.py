@@ -48,7 +48,7 @@ from router.policies import POLICIES, PREDICTED, WORK, Job, PolicyContext, head_
 from router.pool_load import PoolLoad
 from router.predictor_client import Outcome, PredictorClient
 from router.prompt_ids import UnsupportedPrompt, prompt_ids
-from router.replica_router import ledger
+from router.replica_ledger import ledger
 from router.routing import BenchmarkOverrides, Route, benchmark_overrides
 from router.telemetry import QualityMetrics, QueueMetrics, RoutingMetrics
 from router.validation import BodyLimit, check_request, parse_request, request_kind, validation_error

@@ -3,16 +3,15 @@
 import asyncio
 import gc
 import json
-import os
 
 import pytest
 
 from router.forwarding import _UsageTap
 from router.prompt_ids import UnsupportedPrompt, prompt_ids
 from router.routing import Route
+from tests import MODEL_DIR
 from router.validation import parse_request, request_kind
 
-MODEL_DIR = os.path.join(os.path.dirname(__file__), "..", "models", "SmolLM2-135M-Instruct")
 USAGE = 'data: {"id":"x","choices":[],"usage":{"prompt_tokens":30,"completion_tokens":7,"total_tokens":37}}'
 DELTA = 'data: {"id":"x","choices":[{"index":0,"delta":{"content":"hi"}}]}'
 
@@ -56,7 +55,6 @@ def test_request_kind_by_body_shape():
     assert request_kind(b"{") == "chat"
 
 
-@pytest.mark.skipif(not os.path.isdir(MODEL_DIR), reason="converted model folder missing")
 def test_prompt_ids_match_the_dataset_encoding_and_engine_rules():
     from transformers import AutoTokenizer
 

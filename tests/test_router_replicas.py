@@ -4,7 +4,7 @@ import pytest
 
 from predictor.head import LengthBins
 from router.length_bins import expected_remaining, still_running
-from router.replica_router import ReplicaLedger
+from router.replica_ledger import ReplicaLedger
 
 UNIFORM = LengthBins(edges=[0, 100, 200], centres=[50, 150], max_tokens=200)
 

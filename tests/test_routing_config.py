@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from deployments.config import DEFAULT_CHECKPOINTS, PoolSpec, StackConfig
 from deployments.engine_pool import engine_env, llm_config
+from tests import MODEL_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 THREE = [{"name": "short"}, {"name": "medium"}, {"name": "long"}]
@@ -80,14 +81,13 @@ def test_cpu_engines_share_the_cores_and_priority_scheduling_is_switchable(monke
     assert "scheduling_policy" not in llm_config(config.model, pool, priority_scheduling=False).engine_kwargs
 
 
-@pytest.mark.skipif(not (REPO / "models" / "SmolLM2-135M-Instruct").is_dir(), reason="converted model folder missing")
 @pytest.mark.parametrize("policy", ["estp", "egtp"])
 def test_checkpoints_load_for_the_serving_model_and_give_three_pools(policy):
     from deployments.app import _checkpoint_meta
     from router.length_bins import PoolBins
 
     config = StackConfig.model_validate(_default_args())
-    meta = _checkpoint_meta(config.predictor.checkpoint_path(policy), str(REPO / "models" / "SmolLM2-135M-Instruct"))
+    meta = _checkpoint_meta(config.predictor.checkpoint_path(policy), str(MODEL_DIR))
     assert meta.pooling.method == policy and meta.training_data_version.startswith("smollm2-135m-instruct@")
     edges = PoolBins.from_quantiles(["short", "medium", "long"], meta.bins).edges
     assert 0 < edges[0] < edges[1] < meta.bins.max_tokens

@@ -1,0 +1,93 @@
+"""What each replica of a pool holds: its requests and their predicted remaining work.
+
+Filled from two sides in the router ingress's process: the replica router (router.replica_router)
+says where each request went and when it completed; the ingress adds predictions (also ones that
+land after dispatch) and the tokens streamed so far. Ray runs replica routers on their own event
+loop thread, so the ledger takes a lock.
+
+The registry lives in this module, apart from the router class: Ray Serve pickles a custom
+router's own module by value, which would give the router a private copy of any registry defined
+beside it; this module is imported by reference, so both sides share one ledger per pool.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from predictor.head import LengthBins
+from router.length_bins import expected_remaining
+
+
+@dataclass
+class _Work:
+    replica: str | None = None
+    distribution: tuple[LengthBins, list[float]] | None = None
+    cap: int | None = None
+    streamed: int = 0  # tokens relayed so far (streams)
+
+    def remaining(self) -> float | None:
+        if self.distribution is None:
+            return None
+        return expected_remaining(*self.distribution, self.streamed, self.cap)
+
+
+class ReplicaLedger:
+    """Requests in flight by replica, keyed by the router's request id (the body's request_id)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._work: dict[str, _Work] = {}
+        self._ours: dict[str, str] = {}  # Ray's internal request id -> ours
+
+    def routed(self, request_id: str, internal_id: str, replica: str) -> None:
+        with self._lock:
+            self._work.setdefault(request_id, _Work()).replica = replica
+            self._ours[internal_id] = request_id
+
+    def completed(self, internal_id: str) -> None:
+        with self._lock:
+            request_id = self._ours.pop(internal_id, None)
+            if request_id is not None:
+                self._work.pop(request_id, None)
+
+    def predicted(self, request_id: str, distribution: tuple[LengthBins, list[float]], cap: int | None) -> None:
+        """A prediction for a request, whenever it arrives (also after dispatch)."""
+        with self._lock:
+            work = self._work.setdefault(request_id, _Work())
+            work.distribution, work.cap = distribution, cap
+
+    def streamed(self, request_id: str, tokens: int = 1) -> None:
+        with self._lock:
+            if (work := self._work.get(request_id)) is not None:
+                work.streamed += tokens
+
+    def drop(self, request_id: str) -> None:
+        """The ingress is done with a request (answered, failed, or it never reached a replica)."""
+        with self._lock:
+            self._work.pop(request_id, None)
+
+    def snapshot(self) -> dict[str, dict]:
+        """Per replica: requests, how many have a prediction, their predicted remaining tokens."""
+        with self._lock:
+            work = [w for w in self._work.values() if w.replica is not None]
+            out: dict[str, dict] = {}
+            for w in work:
+                entry = out.setdefault(w.replica, {"requests": 0, "predicted": 0, "predicted_remaining_tokens": 0.0})
+                entry["requests"] += 1
+                if (left := w.remaining()) is not None:
+                    entry["predicted"] += 1
+                    entry["predicted_remaining_tokens"] += left
+        for entry in out.values():
+            entry["predicted_remaining_tokens"] = round(entry["predicted_remaining_tokens"], 1)
+        return out
+
+
+_LEDGERS: dict[str, ReplicaLedger] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def ledger(pool: str) -> ReplicaLedger:
+    """The ledger of `pool` in this process (created on first use, by the router or the ingress)."""
+    with _REGISTRY_LOCK:
+        return _LEDGERS.setdefault(pool, ReplicaLedger())
