@@ -32,6 +32,9 @@ def _build_predictor(spec: PredictorSpec, checkpoints: dict[str, Path], model_pa
     options = {**spec.deployment, "name": "length-predictor"}
     # Below the batch size, Serve would never let a batch fill (its default is 5 per replica).
     options.setdefault("max_ongoing_requests", 4 * spec.max_batch_size)
+    # The router sends at most `predictor.max_concurrent` at once: this bound is never reached
+    # unless several router replicas share the predictor.
+    options.setdefault("max_queued_requests", 4 * spec.max_batch_size)
     if spec.gpus:
         options["ray_actor_options"] = {**options.get("ray_actor_options", {}), "num_gpus": spec.gpus}
     return LengthPredictor.options(**options).bind(
@@ -69,6 +72,9 @@ def build_app(args: dict) -> Application:
         "capacities": {pool.name: pool.saturation() for pool in config.pools},
         "replicas": {pool.name: pool.replicas() for pool in config.pools},
     }
-    return Router.options(**config.router.deployment).bind(
+    # Ray's queue in front of the router: a last resort past max_ongoing_requests (the router
+    # answers 503 itself first, at router.max_pending_requests).
+    router = {"max_queued_requests": 64, **config.router.deployment}
+    return Router.options(**router).bind(
         pools=pools, predictor=predictor, config=config.model_dump(), routing=routing
     )

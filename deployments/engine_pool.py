@@ -57,6 +57,9 @@ def llm_config(model: ModelSpec, pool: PoolSpec, priority_scheduling: bool) -> L
     deployment = {"name": pool.name, **pool.deployment}
     # The replica actor itself only relays requests to its engine process: a sliver of a CPU.
     deployment.setdefault("ray_actor_options", {}).setdefault("num_cpus", 0.05)
+    # The router holds waiting requests itself (at most the pool's slots in flight); Ray's own
+    # queue in front of the replicas only absorbs what several router replicas over-admit.
+    deployment.setdefault("max_queued_requests", 2 * deployment.get("max_ongoing_requests", 16))
     # Ray's power of two choices, reporting where each request went (router.replica_router).
     deployment["request_router_config"] = {
         "request_router_class": "router.replica_router:LedgerRequestRouter",

@@ -32,14 +32,22 @@ Done = Callable[[int | None], None]
 Progress = Callable[[], None]
 
 
+class ReplicaFailed(APIError):
+    """The replica failed before any output: nothing was sent, so another replica may take it."""
+
+    def __init__(self, cause: Exception):
+        super().__init__(503, f"The model replica failed to answer: {type(cause).__name__}.",
+                         headers={"Retry-After": "5"})
+
+
 async def _first(stream) -> object:
     try:
         return await stream.__anext__()
     except StopAsyncIteration:
         raise APIError(500, "The engine returned no response.") from None
     except Exception as e:  # a dead replica or an engine crash before any output
-        log.exception("pool call failed before the first response")
-        raise APIError(503, f"The model replica failed to answer: {type(e).__name__}.") from None
+        log.warning("pool call failed before the first response: %r", e)
+        raise ReplicaFailed(e) from None
 
 
 def _engine_error(item) -> APIError | None:

@@ -41,7 +41,7 @@ from router.admission import QueueOrder
 from router.auth import Keys
 from router.decision import Decider, Decision
 from router.errors import APIError
-from router.forwarding import forward
+from router.forwarding import ReplicaFailed, forward
 from router.length_bins import PoolBins
 from router.live_quality import LiveQuality
 from router.policies import POLICIES, PREDICTED, WORK, Job, PolicyContext, head_of
@@ -55,6 +55,8 @@ from router.validation import BodyLimit, check_request, parse_request, request_k
 from router.waiting import PoolGate, QueueFull, Ticket
 
 log = logging.getLogger("ray.serve")
+# A replica that dies before answering: the request is retried on the pool this many times in all.
+REPLICA_ATTEMPTS, REPLICA_RETRY_S = 3, 1.0
 api = FastAPI(title="lengthserve", description="Length-aware OpenAI-compatible LLM serving")
 
 
@@ -401,10 +403,16 @@ class Router:
         ledger_of_pool = self._ledgers[decision.pool]
         try:
             async with asyncio.timeout(self._limits["request_timeout_s"]):
-                return await forward(
-                    self._pools[decision.pool], kind, body, route.headers(), route.extension(), client_wants_usage,
-                    done, lambda: ledger_of_pool.streamed(flight.ticket.request_id),
-                )
+                for attempt in range(REPLICA_ATTEMPTS):
+                    try:
+                        return await forward(
+                            self._pools[decision.pool], kind, body, route.headers(), route.extension(),
+                            client_wants_usage, done, lambda: ledger_of_pool.streamed(flight.ticket.request_id),
+                        )
+                    except ReplicaFailed:  # nothing reached the client: another replica may serve it
+                        if attempt == REPLICA_ATTEMPTS - 1:
+                            raise
+                        await asyncio.sleep(REPLICA_RETRY_S * 2**attempt)  # Ray drops the dead one meanwhile
         except TimeoutError:
             done(None)
             raise APIError(408, "The request timed out before the model answered.") from None

@@ -1,0 +1,178 @@
+"""Overload, aborted streams and a hostile template against a running stack, all on loopback.
+
+Every loop is bounded in count and in time. Each request ends as exactly one outcome:
+completed, rejected (429/503, which must carry Retry-After), refused (a 4xx the request earned:
+abusive bodies), aborted (the client hung up on purpose), or failed (anything else: a 5xx
+without Retry-After, a transport error, a timeout). `lost` counts requests with no outcome at
+all when the run's time is up, the thing that must never happen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import httpx
+import psutil
+
+NORMAL = ["Name a colour.", "Count to five.", "Say hi.", "What is 2 + 2?", "Write one sentence about rain."]
+HOSTILE_TEMPLATE = "{% for i in range(10**9) %}{{ i }}{% endfor %}"
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    share: float
+
+
+MIX = (Kind("normal", 0.55), Kind("stream", 0.2), Kind("abusive", 0.15), Kind("aborted", 0.1))
+
+
+def _chat(model: str, content: str, **extra) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+
+
+def _abusive(model: str, rng: random.Random) -> tuple[str, bytes | dict]:
+    """Requests a shared server must refuse cheaply, or serve without letting them stall others."""
+    return rng.choice([
+        ("/v1/chat/completions", _chat(model, "hi", n=1000, max_tokens=2)),
+        ("/v1/chat/completions", _chat(model, "hi", max_tokens=4, chat_template=HOSTILE_TEMPLATE)),
+        ("/v1/chat/completions", {"model": model, "messages": [{"role": "wizard", "content": "hi"}]}),
+        ("/v1/chat/completions", b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}"),
+        ("/v1/chat/completions", _chat(model, "x" * 1_200_000)),  # over the 1 MB body limit
+        ("/v1/completions", {"model": model, "prompt": [[]], "max_tokens": 2}),
+        ("/v1/completions", {"model": model, "prompt": [10**9], "max_tokens": 2}),
+        ("/v1/chat/completions", _chat(model, "Count upwards.", max_tokens=256, ignore_eos=True)),  # legal, long
+    ])
+
+
+def process_rss(fragment: str) -> int | None:
+    """Resident memory of the processes whose command line names `fragment` (Ray actor titles)."""
+    procs = [p for p in psutil.process_iter(["cmdline"]) if fragment in " ".join(p.info["cmdline"] or [])]
+    return sum(p.memory_info().rss for p in procs) or None
+
+
+def rss() -> dict[str, int | None]:
+    return {"router": process_rss("ServeReplica:lengthserve:Router"),
+            "predictor": process_rss("ServeReplica:lengthserve:length-predictor")}
+
+
+async def _one(client: httpx.AsyncClient, kind: str, model: str, rng: random.Random) -> str:
+    try:
+        if kind == "abusive":
+            path, body = _abusive(model, rng)
+            r = await (client.post(path, content=body) if isinstance(body, bytes) else client.post(path, json=body))
+            return _outcome(r)
+        body = _chat(model, rng.choice(NORMAL), max_tokens=rng.choice([8, 32, 64]))
+        if kind == "normal":
+            return _outcome(await client.post("/v1/chat/completions", json=body))
+        async with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+            if r.status_code != 200:
+                await r.aread()
+                return _outcome(r)
+            async for line in r.aiter_lines():
+                if kind == "aborted" and line.startswith("data: "):
+                    return "aborted"  # hang up after the first chunk
+            return "completed"
+    except (httpx.HTTPError, asyncio.TimeoutError):
+        return "failed"
+
+
+def _outcome(r: httpx.Response) -> str:
+    if r.status_code < 300:
+        return "completed"
+    if r.status_code in (429, 503):
+        return "rejected" if r.headers.get("retry-after") else "rejected_without_retry_after"
+    return "refused" if r.status_code < 500 else "failed"
+
+
+async def closed_loop_rps(base_url: str, model: str, concurrency: int, seconds: float, headers: dict) -> float:
+    """Completed normal requests per second with `concurrency` clients: the stack's capacity."""
+    done, stop = 0, time.monotonic() + seconds
+    rng = random.Random(1)
+    async with httpx.AsyncClient(base_url=base_url, timeout=600, headers=headers,
+                                 limits=httpx.Limits(max_connections=concurrency + 4)) as client:
+        async def worker():
+            nonlocal done
+            while time.monotonic() < stop:
+                if await _one(client, "normal", model, rng) == "completed":
+                    done += 1
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done / seconds
+
+
+async def overload(base_url: str, model: str, rate_rps: float, seconds: float, headers: dict,
+                   grace_s: float = 600, seed: int = 0) -> dict:
+    """Poisson arrivals at `rate_rps` for `seconds`, the MIX of kinds; every request gets `grace_s` to end."""
+    rng = random.Random(seed)
+    kinds = [k.name for k in MIX]
+    weights = [k.share for k in MIX]
+    start_rss = rss()
+    tasks: list[asyncio.Task] = []
+    t0 = time.monotonic()
+    async with httpx.AsyncClient(base_url=base_url, timeout=grace_s, headers=headers,
+                                 limits=httpx.Limits(max_connections=2000)) as client:
+        while (now := time.monotonic()) - t0 < seconds:
+            tasks.append(asyncio.create_task(_one(client, rng.choices(kinds, weights)[0], model, rng)))
+            await asyncio.sleep(rng.expovariate(rate_rps))
+        done, pending = await asyncio.wait(tasks, timeout=grace_s)
+        for task in pending:
+            task.cancel()
+    outcomes = Counter(t.result() for t in done)
+    end_rss = rss()
+    growth = {k: (end_rss[k] / start_rss[k] - 1) if start_rss.get(k) and end_rss.get(k) else None for k in start_rss}
+    return {
+        "duration_s": seconds, "offered_rps": rate_rps, "sent": len(tasks),
+        "completed": outcomes["completed"], "rejected": outcomes["rejected"] + outcomes["rejected_without_retry_after"],
+        "rejections_with_retry_after": outcomes["rejected"], "refused_4xx": outcomes["refused"],
+        "aborted": outcomes["aborted"], "failed": outcomes["failed"], "lost": len(pending),
+        "rss_start_bytes": start_rss, "rss_end_bytes": end_rss, "rss_growth": growth,
+    }
+
+
+async def aborted_streams(base_url: str, model: str, n: int, headers: dict, settle_s: float = 120) -> dict:
+    """n streams hung up after their first chunk; then the router's in-flight count must drain to 0."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=300, headers=headers,
+                                 limits=httpx.Limits(max_connections=n + 4)) as client:
+        rng = random.Random(2)
+        outcomes = Counter(await asyncio.gather(*(_one(client, "aborted", model, rng) for _ in range(n))))
+        deadline = time.monotonic() + settle_s
+        while True:
+            health = (await client.get("/health")).json()
+            inflight = sum(health["inflight"].values())
+            on_replicas = sum(r["requests"] for pool in health["replicas"].values() for r in pool.values())
+            if (inflight == 0 and on_replicas == 0) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(1)
+    return {"aborted": outcomes["aborted"], "other_outcomes": {k: v for k, v in outcomes.items() if k != "aborted"},
+            "inflight_after": inflight, "on_replicas_after": on_replicas}
+
+
+async def hostile_template(base_url: str, model: str, headers: dict) -> dict:
+    """A template that would loop for hours, sent while another stream runs: the answer's status and
+    time, and the longest pause of the other stream meanwhile."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=300, headers=headers) as client:
+        gaps: list[float] = []
+
+        async def bystander():
+            body = _chat(model, "Count upwards from one.", max_tokens=200, ignore_eos=True, stream=True)
+            async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                last = time.monotonic()
+                async for line in r.aiter_lines():
+                    if line.startswith("data: "):
+                        gaps.append(time.monotonic() - last)
+                        last = time.monotonic()
+
+        other = asyncio.create_task(bystander())
+        await asyncio.sleep(3.0)  # the bystander streams
+        start = time.monotonic()
+        r = await client.post("/v1/chat/completions",
+                              json=_chat(model, "hi", max_tokens=4, chat_template=HOSTILE_TEMPLATE))
+        seconds = time.monotonic() - start
+        during = len(gaps)
+        await other
+    return {"status": r.status_code, "seconds": round(seconds, 3), "message": r.json()["error"]["message"],
+            "bystander_chunks": len(gaps), "bystander_max_gap_s": round(max(gaps[max(0, during - 5):] or [0]), 3)}
