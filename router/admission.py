@@ -41,17 +41,24 @@ class Admission(str, Enum):
 
 @dataclass(frozen=True)
 class QueueOrder:
-    """How waiting requests are ranked; the defaults are FIFO."""
+    """How waiting requests are ranked; the defaults are FIFO.
+
+    `longest_first` turns the slack around (a batch's makespan: the longest job starts first, LPT);
+    the bound then holds for the shortest, which are passed only by what arrived within
+    `max_overtake_s` after them.
+    """
 
     max_overtake_s: float = 0.0  # the aging bound (see the module docstring); 0: FIFO
     horizon_tokens: float = 1024.0  # lengths beyond this rank alike
     prior_tokens: float = 256.0  # the rank of a request with no prediction (yet)
+    longest_first: bool = False
 
     def key(self, arrival: float, tokens: float | None) -> float:
         if self.max_overtake_s <= 0:
             return arrival
         t = self.prior_tokens if tokens is None else tokens
-        return arrival + self.max_overtake_s * min(max(t, 0.0), self.horizon_tokens) / self.horizon_tokens
+        share = min(max(t, 0.0), self.horizon_tokens) / self.horizon_tokens
+        return arrival + self.max_overtake_s * ((1 - share) if self.longest_first else share)
 
     @property
     def fifo(self) -> bool:

@@ -28,6 +28,7 @@ from benchmarks.simulator.engine import Engine, EngineLimits, Sequence
 from benchmarks.simulator.replica_choice import REPLICA_CHOICE, ReplicaScore
 from benchmarks.simulator.routing import SimRouter
 from router.admission import Admission
+from router.siblings import SiblingEstimates
 from benchmarks.simulator.step_time import StepTimeModel
 from router.policies import Job
 
@@ -65,6 +66,7 @@ class Workload:
     # What prediction-informed replica choice reads: each request's predicted distribution
     # (head bins, probabilities), or None (benchmarks.simulator.replica_choice).
     distributions: list | None = None
+    prompt_ids: list[str] | None = None  # siblings (router.siblings): requests of the same prompt
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -78,6 +80,7 @@ class Outcome:
     finish: np.ndarray
     groups: list[list[int]]  # batch mode: the requests of every batch run
     rejected: np.ndarray  # bool per request: refused by a full queue (the stack's 429)
+    replica: np.ndarray  # the replica (engine index) each request ran on, -1 if none
 
 
 class _Pool:
@@ -114,8 +117,9 @@ class _Pool:
 
 def simulate(
     workload: Workload, router: SimRouter, spec: ClusterSpec, limits: EngineLimits, model: StepTimeModel,
-    seed: int = 0,
+    seed: int = 0, siblings: SiblingEstimates | None = None,
 ) -> Outcome:
+    """`siblings`: a finished request re-ranks the waiting requests of its prompt (a rollout)."""
     n = len(workload)
     rng = random.Random(seed)
     names = spec.pools
@@ -140,6 +144,7 @@ def simulate(
     first_token = np.full(n, np.nan)
     finish = np.full(n, np.nan)
     rejected = np.zeros(n, dtype=bool)
+    replica_of = np.full(n, -1, dtype=np.int64)
     planned = spec.mode == "batch"
     decided_by = [""] * n
     seqs: dict[int, Sequence] = {}
@@ -161,8 +166,11 @@ def simulate(
 
     def dispatch(p: int, i: int, now: float) -> int:
         """The replica that takes request i now (the caller kicks it)."""
+        if siblings is not None:
+            siblings.started(i)
         r = int(first_index[p]) + pools[p].take(now)
         engines[r].submit(seqs.pop(i))
+        replica_of[i] = r
         return r
 
     next_arrival = 0
@@ -175,6 +183,8 @@ def simulate(
                 next_arrival += 1
                 decision, priority = router.route(workload.jobs[i], plan=planned)
                 decided_by[i] = decision.policy
+                if siblings is not None:
+                    siblings.add(i, workload.prompt_ids[i], decision.rank_tokens)
                 p = names.index(decision.pool)
                 pool_of[i] = p
                 seqs[i] = Sequence(i, int(workload.prompt_tokens[i]), int(workload.output_tokens[i]), priority)
@@ -198,10 +208,13 @@ def simulate(
         for i in log.finished:
             finish[i] = now
             pools[p].give_back(k)
+            if siblings is not None:
+                for sibling, tokens in siblings.finished(i, int(workload.output_tokens[i])):
+                    queues[pool_of[sibling]].reprioritise(sibling, tokens)
             if (waiting := queues[p].release(now)) is not None:
                 touched.add(dispatch(p, waiting, now))
         for t in touched:
             kick(t, now)
     groups = [g for e in engines for g in e.groups]
     return Outcome(pool=pool_of, decided_by=decided_by, first_token=first_token, finish=finish, groups=groups,
-                   rejected=rejected)
+                   rejected=rejected, replica=replica_of)

@@ -17,30 +17,34 @@ from benchmarks.simulator.routing import SimRouter
 from benchmarks.simulator.setup import Setup
 from benchmarks.simulator.workload import build_workload, head_for, known_lengths
 from router.admission import QueueOrder, QueueStats
+from router.siblings import SiblingEstimates
 
-MODES = {"open": "continuous", "batch": "batch"}
+# rollout: a batch (every request there at t = 0) on continuous-batching engines, for its makespan.
+MODES = {"open": "continuous", "batch": "batch", "rollout": "continuous"}
 
 
 @dataclass
 class SimRun:
     records: list[RequestRecord]  # one per request of the trace
     queues: dict[str, QueueStats]  # the router's admission queues per pool: waits, reorders
+    replica: np.ndarray  # the replica each request ran on (trace order, sorted by arrival)
 
 
 def run(setup: Setup, trace: list[TraceRequest], policy: str, replicas: int, mode: str = "open",
         batch_size: int = 8, seed: int = 0, load_rps: float | None = None, sizing: str = "even",
         noise: float = 0.0, replica_choice: str = "pow2", order: QueueOrder | None = None,
-        rank_by: str | None = None, bounded_queue: bool = True) -> SimRun:
+        rank_by: str | None = None, bounded_queue: bool = True, siblings: bool = False) -> SimRun:
     """Simulate `trace` under `policy` on `replicas` replicas; one record per request. `noise`
     blurs the oracle's lengths (see benchmarks.simulator.workload); `sizing` "single" puts every
     replica in one pool; `order` and `rank_by` override the configured queue order (router.admission)
     and ranking statistic (router.decision). Open loop bounds the queues as configured
     (router.queue.max_waiting_per_slot: the excess is rejected, as the stack's 429) unless
-    `bounded_queue` is False."""
+    `bounded_queue` is False. `siblings`: finished samples re-rank their waiting siblings
+    (router.siblings; ranked policies only)."""
     config = setup.config
     head = head_for(policy)
     trace = sorted(trace, key=lambda r: r.arrival_s)
-    if mode == "batch":  # every request is there at t = 0, as in the replay's batch mode
+    if mode in ("batch", "rollout"):  # every request is there at t = 0, as in the replay's batch mode
         trace = [r.model_copy(update={"arrival_s": 0.0}) for r in trace]
     spec = setup.cluster(replicas, MODES[mode], batch_size, sizing)
     bins = setup.bins_for(spec.pools)
@@ -53,9 +57,10 @@ def run(setup: Setup, trace: list[TraceRequest], policy: str, replicas: int, mod
         order=order or setup.queue_order, shortest_first=config.router.shortest_first, rank_by=rank_by or config.router.rank_by,
         waiting_per_slot=config.router.queue.max_waiting_per_slot if mode == "open" and bounded_queue else None,
     )
-    outcome = simulate(workload, router, spec, setup.limits, setup.model, seed=seed)
+    outcome = simulate(workload, router, spec, setup.limits, setup.model, seed=seed,
+                       siblings=SiblingEstimates() if siblings else None)
     return SimRun(_records(trace, workload.jobs, outcome, spec.pools, policy, mode, load_rps),
-                  {pool: q.stats for pool, q in router.load.queues.items()})
+                  {pool: q.stats for pool, q in router.load.queues.items()}, outcome.replica)
 
 
 def _records(trace, jobs, outcome: Outcome, pools: list[str], policy: str, mode: str, load_rps) -> list[RequestRecord]:
@@ -67,7 +72,8 @@ def _records(trace, jobs, outcome: Outcome, pools: list[str], policy: str, mode:
         prediction = jobs[i].prediction
         served = not outcome.rejected[i]
         out.append(RequestRecord.model_construct(  # fields typed here already: no validation per record
-            policy=policy, mode=mode, load_rps=load_rps if mode == "open" else None, request_id=r.request_id,
+            policy=policy, mode="batch" if mode == "batch" else "open", load_rps=load_rps if mode == "open" else None,
+            request_id=r.request_id,
             scenario=r.scenario, arrival_s=r.arrival_s, sent_s=r.arrival_s,
             first_token_s=float(outcome.first_token[i]) if served else None,
             finish_s=float(outcome.finish[i]) if served else None,

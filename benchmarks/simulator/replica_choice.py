@@ -6,7 +6,10 @@ is measured against (the continuous benchmark keeps only what beats it).
 - `pow2_work`: two sampled, the one with less predicted remaining work: each request's predicted
   distribution conditioned on the tokens it has generated so far (router.length_bins.expected_remaining);
 - `pow2_running`: two sampled, the one expected to run fewer sequences `HORIZON` tokens from now
-  (router.length_bins.still_running): step time grows with running sequences, not remaining work.
+  (router.length_bins.still_running): step time grows with running sequences, not remaining work;
+- `least_work`: the replica with the least predicted remaining work (a full scan): with jobs
+  taken longest first, the classic LPT rule for a batch's makespan;
+- `round_robin`: replicas take turns.
 
 Requests without a distribution (no prediction) count as the head-free prior: one request's worth
 of average work, so the scores degrade to counting requests.
@@ -41,6 +44,14 @@ class LeastInflight(ReplicaScore):
     def pick(self, pool, now: float) -> int:
         fewest = min(pool.ongoing[k] for k in pool.free)
         return self.rng.choice([k for k in pool.free if pool.ongoing[k] == fewest])
+
+
+class RoundRobin(ReplicaScore):
+    def pick(self, pool, now: float) -> int:
+        turn = getattr(pool, "turn", 0)
+        pool.turn = turn + 1
+        order = sorted(pool.free)
+        return order[turn % len(order)]
 
 
 class _Conditional(ReplicaScore):
@@ -90,9 +101,17 @@ class Pow2Running(_Conditional):
         return still_running(*dist, generated, HORIZON)
 
 
+class LeastWork(Pow2Work):
+    def pick(self, pool, now: float) -> int:
+        loads = {k: self.load(pool, k, now) for k in pool.free}
+        return min(loads, key=loads.get)
+
+
 REPLICA_CHOICE = {
     "pow2": ReplicaScore,
     "least_inflight": LeastInflight,
     "pow2_work": Pow2Work,
     "pow2_running": Pow2Running,
+    "least_work": LeastWork,
+    "round_robin": RoundRobin,
 }

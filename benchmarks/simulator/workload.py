@@ -72,5 +72,5 @@ def build_workload(
         prompt_tokens=np.array([r.prompt_tokens for r in trace], dtype=np.int64),
         output_tokens=np.array([max(1, r.true_output_tokens) for r in trace], dtype=np.int64),
         max_tokens=np.array([r.max_tokens for r in trace], dtype=np.int64),
-        jobs=jobs, distributions=distributions,
+        jobs=jobs, distributions=distributions, prompt_ids=[r.prompt_id for r in trace],
     )
