@@ -4,6 +4,10 @@ The head only makes sense on features of the exact base model it was trained on 
 same layer, same pooling), so the sidecar records them and loading refuses a mismatched base model
 instead of silently predicting garbage. Weights go to `<name>.safetensors` (no pickle), settings
 to `<name>.json` beside it, readable without torch.
+
+Format 2 added the head's fitting settings (hidden width, ensemble members), its input
+standardisation and its calibration (temperature, CDF map); a format-1 checkpoint (one MLP, no
+standardisation, temperature 1) still loads.
 """
 
 from __future__ import annotations
@@ -12,14 +16,17 @@ import json
 import os
 from pathlib import Path
 
-from pydantic import BaseModel
+import torch
+from pydantic import BaseModel, Field
 from safetensors.torch import load_file, save_file
 
+from predictor.fit import FitConfig
 from predictor.head import LengthBins, LengthHead
 from predictor.losses import LossConfig
 from predictor.pooling import PoolingConfig
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)
 
 
 class BaseModelMismatchError(ValueError):
@@ -42,7 +49,11 @@ class CheckpointMeta(BaseModel):
     pooling: PoolingConfig
     bins: LengthBins
     loss: LossConfig
-    dropout: float = 0.1
+    fit: FitConfig = FitConfig()  # format 1 recorded only its dropout, 0.1 = FitConfig's default
+    # The calibration LengthHead applies (predictor.calibration): a logit temperature and/or a map
+    # of the predicted CDF at 0, 1/M, ..., 1.
+    temperature: float = Field(1.0, gt=0)
+    cdf_map: list[float] | None = None
     training_data_version: str
     metrics: dict[str, float] = {}
 
@@ -60,16 +71,27 @@ def save_checkpoint(path: str | os.PathLike, head: LengthHead, meta: CheckpointM
     return path
 
 
+def read_meta(path: str | os.PathLike) -> CheckpointMeta:
+    """A checkpoint's settings alone (bins, pooling), without torch weights."""
+    return CheckpointMeta.model_validate(json.loads(sidecar_path(Path(path).with_suffix(".safetensors")).read_text()))
+
+
 def load_checkpoint(
     path: str | os.PathLike, expected_base_model_hash: str | None = None
 ) -> tuple[LengthHead, CheckpointMeta]:
     """Head in eval mode plus its settings; raises BaseModelMismatchError on another base model."""
     path = Path(path).with_suffix(".safetensors")
-    meta = CheckpointMeta.model_validate(json.loads(sidecar_path(path).read_text()))
-    if meta.format != FORMAT_VERSION:
-        raise ValueError(f"{path}: checkpoint format {meta.format}, this code reads {FORMAT_VERSION}")
+    meta = read_meta(path)
+    if meta.format not in READABLE_FORMATS:
+        raise ValueError(f"{path}: checkpoint format {meta.format}, this code reads {list(READABLE_FORMATS)}")
     if expected_base_model_hash is not None and meta.base_model_hash != expected_base_model_hash:
         raise BaseModelMismatchError(path, meta.base_model_hash, expected_base_model_hash)
-    head = LengthHead(meta.feature_dim, meta.bins.k, meta.dropout)
-    head.load_state_dict(load_file(str(path)))
+    head = LengthHead(meta.feature_dim, meta.bins.k, **meta.fit.architecture())
+    state = load_file(str(path))
+    if meta.format == 1:  # one MLP named `net`, no standardisation
+        state = {**{k.replace("net.", "members.0.", 1): v for k, v in state.items()},
+                 "shift": head.shift, "scale": head.scale}
+    head.load_state_dict(state)
+    head.temperature = meta.temperature
+    head.cdf_map = None if meta.cdf_map is None else torch.tensor(meta.cdf_map)
     return head.eval(), meta

@@ -96,6 +96,15 @@ class LengthBins(BaseModel):
     def expected(self, probs: Tensor) -> Tensor:
         return probs @ self.centres_t().to(probs.device)
 
+    def cdf(self, probs: Tensor, lengths: Tensor) -> Tensor:
+        """P(length <= x) for each row's x, lengths spread uniformly inside each bin."""
+        edges = self.edges_t().to(probs.device)
+        x = lengths.float().to(probs.device)
+        k = self.index(x).clamp(max=self.k - 1)
+        below = torch.cat([torch.zeros_like(probs[:, :1]), probs.cumsum(-1)], dim=-1).gather(-1, k[:, None]).squeeze(-1)
+        frac = ((x - edges[k]) / (edges[k + 1] - edges[k])).clamp(0, 1)
+        return below + frac * probs.gather(-1, k[:, None]).squeeze(-1)
+
     def quantile(self, probs: Tensor, q: float) -> Tensor:
         """Inverse CDF, assuming lengths spread uniformly inside each bin."""
         edges = self.edges_t().to(probs.device)
@@ -108,18 +117,63 @@ class LengthBins(BaseModel):
         return edges[k] + frac * (edges[k + 1] - edges[k])
 
 
-class LengthHead(nn.Module):
-    """EGTP's head: Linear(d, d/2) -> LayerNorm -> ReLU -> Dropout -> Linear(d/2, K); returns logits."""
+def remap_cdf(probs: Tensor, cdf_map: Tensor) -> Tensor:
+    """Probabilities whose CDF at every bin edge is R(F): R piecewise linear through
+    `cdf_map` at 0, 1/M, ..., 1 (predictor.calibration fits it)."""
+    m = len(cdf_map) - 1
+    position = probs.cumsum(-1).clamp(0, 1) * m
+    k = position.floor().clamp(max=m - 1).long()
+    knots = cdf_map.to(probs.device)
+    cdf = knots[k] + (position - k) * (knots[k + 1] - knots[k])
+    cdf[:, -1] = 1.0
+    return torch.diff(cdf, dim=-1, prepend=torch.zeros_like(cdf[:, :1])).clamp(min=0)
 
-    def __init__(self, in_dim: int, num_bins: int, dropout: float = 0.1):
+
+class LengthHead(nn.Module):
+    """EGTP's MLP, Linear(d, h) -> LayerNorm -> ReLU -> Dropout -> Linear(h, K) with h = d/2 by
+    default, returning logits; optionally an ensemble of several such MLPs.
+
+    Fixed transforms travel with the weights, so serving applies exactly what evaluation
+    measured: input standardisation (`shift`, `scale`; identity unless `fit_standardisation`
+    set them from training inputs), and the calibration fitted after training on held-out prompts
+    (predictor.calibration) that makes the quantiles the router reads honest: a logit
+    `temperature` and/or a map of the predicted CDF (`cdf_map`). An ensemble (members trained
+    from different seeds) averages the members' probabilities; its logits are the log of that
+    average.
+    """
+
+    def __init__(self, in_dim: int, num_bins: int, dropout: float = 0.1, hidden: int | None = None,
+                 members: int = 1):
         super().__init__()
-        hidden = in_dim // 2
-        self.net = nn.Sequential(
-            nn.Linear(in_dim, hidden), nn.LayerNorm(hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, num_bins)
+        hidden = hidden or in_dim // 2
+        self.members = nn.ModuleList(
+            nn.Sequential(nn.Linear(in_dim, hidden), nn.LayerNorm(hidden), nn.ReLU(), nn.Dropout(dropout),
+                          nn.Linear(hidden, num_bins))
+            for _ in range(members)
         )
+        self.register_buffer("shift", torch.zeros(in_dim))
+        self.register_buffer("scale", torch.ones(in_dim))
+        self.temperature = 1.0
+        self.cdf_map: Tensor | None = None
+
+    def fit_standardisation(self, x: Tensor) -> None:
+        """Per-dimension z-scores from training inputs: a few huge hidden dimensions would otherwise
+        dominate the first layer."""
+        self.shift.copy_(x.mean(0))
+        self.scale.copy_(x.std(0).clamp(min=1e-6))
+
+    def uncalibrated(self, pooled: Tensor) -> Tensor:
+        x = (pooled - self.shift) / self.scale
+        if len(self.members) == 1:
+            return self.members[0](x)
+        log_probs = torch.stack([m(x).log_softmax(-1) for m in self.members])
+        return torch.logsumexp(log_probs, dim=0) - math.log(len(self.members))
 
     def forward(self, pooled: Tensor) -> Tensor:
-        return self.net(pooled)
+        logits = self.uncalibrated(pooled) / self.temperature
+        if self.cdf_map is None:
+            return logits
+        return remap_cdf(logits.softmax(-1), self.cdf_map).clamp(min=1e-12).log()
 
 
 @dataclass

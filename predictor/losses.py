@@ -8,6 +8,11 @@ configurations and ablations are rows of `LOSSES`, not separate code paths:
 - "ce": classification over bins alone (TRAIL-style baseline),
 - "rank": a pairwise ranking loss for the LTR-C baseline.
 
+Targets: a prompt sampled several times has a distribution of lengths, not one length. The
+distribution terms (CRPS, CE) read a target histogram over the bins, one-hot for a single sample
+and the empirical distribution of a prompt's samples for multi-sample targets (ProD); the point
+terms (SmoothL1, MSE, rank) read one target length per row (predictor.targets builds both).
+
 Scale: lengths enter as length / max_tokens. That keeps the regression terms in [0, 1] whatever
 the generation limit, and linear (not log) because the target metric, MAE in tokens, and the
 padding a scheduler wastes are both linear in tokens. CRPS is divided by max_tokens too, so it
@@ -42,27 +47,27 @@ class _Batch:
     log_probs: Tensor  # [N, K]
     expected: Tensor  # [N] expected length / max_tokens
     target: Tensor  # [N] true length / max_tokens
-    true_bin: Tensor  # [N]
+    histogram: Tensor  # [N, K] target distribution over the bins
     bins: LengthBins
     config: LossConfig
 
 
-def crps(log_probs: Tensor, true_bin: Tensor, bins: LengthBins) -> Tensor:
-    """Exact CRPS of the predicted distribution on bin centres against the true bin's centre.
+def crps(log_probs: Tensor, histogram: Tensor, bins: LengthBins) -> Tensor:
+    """Exact CRPS-style distance between the predicted and the target distribution on bin centres.
 
     Both CDFs are step functions that jump only at centres, so the integral of their squared
     difference is a sum over the gaps between consecutive centres: sum_k (F_k - G_k)^2 (c_{k+1} - c_k).
-    Divided by max_tokens; 0 for a one-hot prediction of the true bin.
+    Divided by max_tokens; 0 when the prediction equals the target (for a one-hot target, the
+    CRPS against the true bin's centre).
     """
     centres = bins.centres_t().to(log_probs.device)
     cdf = log_probs.exp().cumsum(-1)[:, :-1]
-    k = torch.arange(bins.k - 1, device=log_probs.device)
-    truth = (k[None, :] >= true_bin[:, None]).float()
+    truth = histogram.float().cumsum(-1)[:, :-1]
     return (((cdf - truth) ** 2) * (centres[1:] - centres[:-1])).sum(-1).mean() / bins.max_tokens
 
 
 def _crps(b: _Batch) -> Tensor:
-    return crps(b.log_probs, b.true_bin, b.bins)
+    return crps(b.log_probs, b.histogram, b.bins)
 
 
 def _smoothl1(b: _Batch) -> Tensor:
@@ -70,7 +75,10 @@ def _smoothl1(b: _Batch) -> Tensor:
 
 
 def _ce(b: _Batch) -> Tensor:
-    soft = b.bins.soft_labels(b.true_bin, b.config.tau)
+    """Cross-entropy against the target histogram blurred by EGTP's soft labels (each sample's
+    soft labels, averaged)."""
+    k = torch.arange(b.bins.k, device=b.log_probs.device)
+    soft = b.histogram.float() @ b.bins.soft_labels(k, b.config.tau)
     return -(soft * b.log_probs).sum(-1).mean()
 
 
@@ -101,8 +109,10 @@ LOSSES: dict[str, dict[str, float]] = {
 }
 
 
-def length_loss(logits: Tensor, lengths: Tensor, bins: LengthBins, config: LossConfig = LossConfig()) -> Tensor:
-    """Scalar loss for head logits [N, K] against true output lengths [N] (tokens)."""
+def length_loss(logits: Tensor, lengths: Tensor, bins: LengthBins, config: LossConfig = LossConfig(),
+                histogram: Tensor | None = None) -> Tensor:
+    """Scalar loss for head logits [N, K] against target lengths [N] (tokens) and, for the
+    distribution terms, target histograms [N, K] (default: one-hot of each length's bin)."""
     if config.name not in LOSSES:
         raise KeyError(f"unknown loss {config.name!r}; choose from {sorted(LOSSES)}")
     log_probs = torch.log_softmax(logits.float(), dim=-1)
@@ -111,7 +121,7 @@ def length_loss(logits: Tensor, lengths: Tensor, bins: LengthBins, config: LossC
         log_probs=log_probs,
         expected=bins.expected(log_probs.exp()) / bins.max_tokens,
         target=lengths.clamp(max=bins.max_tokens) / bins.max_tokens,
-        true_bin=bins.index(lengths),
+        histogram=F.one_hot(bins.index(lengths), bins.k).float() if histogram is None else histogram,
         bins=bins,
         config=config,
     )

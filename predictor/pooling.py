@@ -15,6 +15,12 @@ Two choices the paper leaves open, made here:
   mean S of the other pooled tokens, which z-scores to exactly 0: neutral, so its weight comes
   from its entropy alone.
 
+Combined views (`method="concat"`): the pooled vectors of several methods side by side, e.g. ESTP's
+pooled state next to the last token's state. On the embedded model ESTP spreads its weight over
+~40 tokens and gives the last token about 1.4%, while the last token alone predicts better than
+any pooling (benchmarks/results/predictor_accuracy.md): concatenation lets the head read both
+without choosing between them.
+
 Normalisation (default z-score over the pooled tokens of each prompt): S and H live on unrelated
 scales (debiased S is a mean attention share, which shrinks like 1/length; H is in nats), so they
 must be put on a common scale before mixing with lambda. Z-score rather than min-max because S is
@@ -28,7 +34,7 @@ from __future__ import annotations
 from typing import Callable, Literal
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from torch import Tensor
 
 from predictor.features import PrefillFeatures, last_positions
@@ -37,17 +43,36 @@ Method = Literal["estp", "egtp", "avg", "last"]
 
 
 class PoolingConfig(BaseModel):
-    method: Method = "estp"
+    method: Method | Literal["concat"] = "estp"
     lam: float = Field(0.5, ge=0.0, le=1.0)  # lambda1 on S; lambda2 = 1 - lam on H
     alpha: float = Field(1.0, gt=0.0)  # softmax temperature
     normalisation: Literal["zscore", "minmax", "none"] = "zscore"
     mask_sink: bool = True
+    # concat: the methods whose pooled vectors are concatenated, in this order (ESTP's settings above
+    # apply to its part).
+    views: list[Method] = []
+
+    @model_validator(mode="after")
+    def _views_only_for_concat(self) -> "PoolingConfig":
+        if (self.method == "concat") != bool(self.views) or len(set(self.views)) != len(self.views):
+            raise ValueError(f"method concat needs distinct views, other methods none: {self.method} {self.views}")
+        return self
+
+    def parts(self) -> list["PoolingConfig"]:
+        """One config per pooled vector: the views of a concat, else itself."""
+        if self.method != "concat":
+            return [self]
+        return [self.model_copy(update={"method": view, "views": []}) for view in self.views]
 
     def needs(self) -> tuple[bool, bool]:
         """(entropy, attention) the method reads, so extraction can skip the rest."""
-        if self.method == "estp":
-            return self.lam < 1.0, self.lam > 0.0
-        return self.method == "egtp", False
+        entropy = attention = False
+        for part in self.parts():
+            if part.method == "estp":
+                entropy, attention = entropy or part.lam < 1.0, attention or part.lam > 0.0
+            else:
+                entropy = entropy or part.method == "egtp"
+        return entropy, attention
 
 
 def _one_hot_at(positions: Tensor, mask: Tensor) -> Tensor:
@@ -132,11 +157,13 @@ WEIGHTS: dict[str, Callable[[PrefillFeatures, PoolingConfig], Tensor]] = {
 
 
 def pooling_weights(features: PrefillFeatures, config: PoolingConfig) -> Tensor:
-    """[B, T] weights, each row summing to 1 over real tokens, 0 on padding."""
+    """[B, T] weights of one pooling method, each row summing to 1 over real tokens, 0 on padding."""
+    if config.method == "concat":
+        raise ValueError("a concat pooling has one weight row per view: ask each of config.parts()")
     return WEIGHTS[config.method](features, config)
 
 
 def pool(features: PrefillFeatures, config: PoolingConfig) -> Tensor:
-    """[B, d] pooled representation sum_i w_i h_i."""
-    weights = pooling_weights(features, config)
-    return torch.einsum("bt,btd->bd", weights, features.hidden)
+    """[B, d] pooled representation sum_i w_i h_i ([B, views x d] for a concat)."""
+    return torch.cat([torch.einsum("bt,btd->bd", pooling_weights(features, part), features.hidden)
+                      for part in config.parts()], dim=-1)

@@ -9,8 +9,8 @@ the new prompts.
     python -m predictor.train --dataset benchmarks/datasets/smollm2-135m-instruct --method estp
     python -m predictor.train --dataset ... --method estp --lam 0 --out predictor/checkpoints/estp-entropy-only
 
-Train split fits the head, val drives early stopping (on MAE in tokens); test is left untouched
-for the benchmark.
+Train split fits the head, val drives early stopping (on MAE in tokens) and the calibration of its
+distribution; test is left untouched for the benchmark.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from predictor.model_files import model_weights_hash
 from predictor.checkpoint import CheckpointMeta, save_checkpoint
 from predictor.estimator import encode_prompt
 from predictor.features import FeatureConfig, PrefillFeatures, extract_features, micro_batches, pad_left, receiver_counts
-from predictor.head import LengthBins, LengthHead
-from predictor.losses import LossConfig, length_loss
+from predictor.fit import FitConfig, train_on_inputs
+from predictor.head import LengthHead
+from predictor.losses import LossConfig
 from predictor.pooling import PoolingConfig, pool
 
 CACHE_DIR = Path(__file__).resolve().parent / "cache"
@@ -42,12 +43,14 @@ DEFAULT_TRAIL_LAYER = 10
 
 @dataclass(frozen=True)
 class Recipe:
-    """A method as the paper compares it: pooling, bin count, loss, and which layer is pooled."""
+    """A method as the paper compares it: pooling, bin count, loss, which layer is pooled, and how
+    the head is fitted."""
 
     pooling: PoolingConfig
     loss: str
     bins: int = 20
     trail: bool = False  # pools the intermediate layer's last token instead of the final layer
+    fit: FitConfig = field(default_factory=FitConfig)
 
 
 RECIPES = {
@@ -143,71 +146,6 @@ def pooled_inputs(cache: FeatureCache, examples: list[Example], recipe: Recipe, 
     return torch.stack(rows)
 
 
-def _expand(x: torch.Tensor, examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
-    """One training row per sample: a prompt's pooled vector repeats for each of its lengths."""
-    reps = torch.tensor([len(e.lengths) for e in examples])
-    return x.repeat_interleave(reps, dim=0), torch.tensor([l for e in examples for l in e.lengths], dtype=torch.float32)
-
-
-def _ranks(x: torch.Tensor) -> torch.Tensor:
-    return x.argsort().argsort().float()
-
-
-def val_error(loss_name: str, expected: torch.Tensor, lengths: torch.Tensor) -> tuple[str, float]:
-    """(name, value) of the early-stopping criterion, lower is better.
-
-    MAE in tokens, except for a ranking loss: it fixes the order of predictions but not their
-    scale, so its MAE says nothing about its epochs; those are judged by rank correlation.
-    """
-    if loss_name == "rank":
-        if len(lengths) < 2:
-            return "val_neg_spearman", 0.0  # no order to judge
-        rho = torch.corrcoef(torch.stack([_ranks(expected), _ranks(lengths)]))[0, 1].nan_to_num(0.0)  # nan: constant
-        return "val_neg_spearman", -rho.item()
-    return "val_mae", (expected - lengths).abs().mean().item()
-
-
-def fit_head(
-    x_train, y_train, x_val, y_val, bins: LengthBins, loss: LossConfig, epochs: int = 200,
-    patience: int = 20, lr: float = 1e-3, batch_size: int = 64, seed: int = 0,
-) -> tuple[LengthHead, dict[str, float]]:
-    """AdamW on the chosen loss; keeps the epoch with the lowest `val_error` (val MAE in tokens)."""
-    torch.manual_seed(seed)
-    head = LengthHead(x_train.shape[1], bins.k)
-    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=1e-2)
-    best = (float("inf"), 0, None)
-    for epoch in range(epochs):
-        head.train()
-        for batch in torch.randperm(len(y_train)).split(batch_size):
-            opt.zero_grad()
-            length_loss(head(x_train[batch]), y_train[batch], bins, loss).backward()
-            opt.step()
-        head.eval()
-        with torch.no_grad():
-            name, error = val_error(loss.name, bins.expected(head(x_val).softmax(-1)), y_val)
-        if error < best[0]:
-            best = (error, epoch, {k: v.clone() for k, v in head.state_dict().items()})
-        elif epoch - best[1] >= patience:
-            break
-    head.load_state_dict(best[2])
-    return head.eval(), {name: best[0], "best_epoch": float(best[1]), "epochs_run": float(epoch + 1)}
-
-
-def train_on_inputs(
-    x_train: torch.Tensor, x_val: torch.Tensor, train: list[Example], val: list[Example], num_bins: int,
-    loss: LossConfig, max_tokens: int, **fit,
-) -> tuple[LengthHead, LengthBins, dict[str, float]]:
-    """Head on per-prompt inputs [P, d] of any origin (pooled prefill features or a proxy encoder).
-
-    Bins come from the train lengths only; `fit` goes to `fit_head` (epochs, lr, seed, ...).
-    """
-    x_train, y_train = _expand(x_train, train)
-    x_val, y_val = _expand(x_val, val)
-    bins = LengthBins.from_lengths(y_train, k=num_bins, max_tokens=max_tokens)
-    head, metrics = fit_head(x_train, y_train, x_val, y_val, bins, loss, **fit)
-    return head, bins, {**metrics, "train_samples": float(len(y_train)), "val_samples": float(len(y_val))}
-
-
 def data_version(dataset_dir: Path, settings: dict, n_samples: int) -> str:
     """Names the data a head saw: the dataset folder, its generation settings, how many samples."""
     return f"{Path(dataset_dir).name}@{_sha16(settings)}:{n_samples}"
@@ -215,15 +153,16 @@ def data_version(dataset_dir: Path, settings: dict, n_samples: int) -> str:
 
 def train_method(
     cache: FeatureCache, splits: dict[str, list[Example]], settings: dict, recipe: Recipe, *, model_hash: str,
-    dataset_dir: Path, debias: bool = True, tau: float = 1.0, **fit,
+    dataset_dir: Path, debias: bool = True, tau: float = 1.0,
 ) -> tuple[LengthHead, CheckpointMeta, dict[str, float]]:
-    """Train one method on cached prefill features (train split, early stop on val): head, its
-    checkpoint settings, and the val metrics. The cache must already hold every train/val prompt."""
+    """Train one method on cached prefill features (train split, early stop and calibration on
+    val): head, its checkpoint settings, and the val metrics. The cache must already hold every
+    train/val prompt."""
     loss = LossConfig(name=recipe.loss, tau=tau)
     x_train = pooled_inputs(cache, splits["train"], recipe, debias)
     head, bins, metrics = train_on_inputs(x_train, pooled_inputs(cache, splits["val"], recipe, debias),
-                                          splits["train"], splits["val"], recipe.bins, loss,
-                                          int(settings["max_tokens"]), **fit)
+                                          [e.lengths for e in splits["train"]], [e.lengths for e in splits["val"]],
+                                          recipe.bins, loss, int(settings["max_tokens"]), recipe.fit)
     n_samples = sum(len(e.lengths) for e in splits["train"] + splits["val"])
     meta = CheckpointMeta(
         base_model_id=settings["model_id"],
@@ -234,6 +173,9 @@ def train_method(
         pooling=recipe.pooling,
         bins=bins,
         loss=loss,
+        fit=recipe.fit,
+        temperature=head.temperature,
+        cdf_map=None if head.cdf_map is None else head.cdf_map.tolist(),
         training_data_version=data_version(dataset_dir, settings, n_samples),
         metrics=metrics,
     )
@@ -276,11 +218,13 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--bins", type=int, help="override the method's number of bins")
     p.add_argument("--tau", type=float, default=1.0, help="soft-label width in bins")
     p.add_argument("--trail-layer", type=int, default=DEFAULT_TRAIL_LAYER)
-    p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--patience", type=int, default=20)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
+    for name, spec in FitConfig.model_fields.items():
+        if spec.annotation is bool:
+            continue
+        kind = float if spec.annotation is float else int if spec.annotation in (int, int | None) else str
+        p.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"head fitting (default: the method's, {spec.default})")
+    p.add_argument("--standardise", action="store_true", default=None, help="z-score the head's inputs")
+
     p.add_argument("--max-batch-tokens", type=int, default=4096)
     p.add_argument("--threads", type=int, help="torch CPU threads (1 when sharing the CPU with an engine)")
     args = p.parse_args(argv)
@@ -293,8 +237,9 @@ def main(argv: list[str] | None = None) -> Path:
                  if v is not None}
     if args.no_sink_mask:
         overrides["mask_sink"] = False
+    fit = {k: getattr(args, k) for k in FitConfig.model_fields if getattr(args, k) is not None}
     recipe = Recipe(recipe.pooling.model_copy(update=overrides), args.loss or recipe.loss,
-                    args.bins or recipe.bins, recipe.trail)
+                    args.bins or recipe.bins, recipe.trail, FitConfig.model_validate({**recipe.fit.model_dump(), **fit}))
     debias = not args.no_debias
 
     cache = FeatureCache(args.cache_dir, model_hash, FeatureConfig(aux_layer=args.trail_layer))
@@ -306,8 +251,7 @@ def main(argv: list[str] | None = None) -> Path:
         cache.fill(model, examples, tokenizer.pad_token_id, args.max_batch_tokens)
 
     head, meta, _ = train_method(cache, splits, settings, recipe, model_hash=model_hash, dataset_dir=args.dataset,
-                                 debias=debias, tau=args.tau, epochs=args.epochs, patience=args.patience,
-                                 lr=args.lr, batch_size=args.batch_size, seed=args.seed)
+                                 debias=debias, tau=args.tau)
     path = save_checkpoint(args.out or CHECKPOINT_DIR / args.method, head, meta)
     print(json.dumps({"checkpoint": str(path), "method": args.method, **meta.metrics}))
     return path

@@ -1,4 +1,4 @@
-"""The accuracy benchmark end to end on the short prompts of the tiny dataset fixture."""
+"""The accuracy benchmark end to end (cross-validated) on the short prompts of the tiny dataset fixture."""
 
 import json
 import os
@@ -15,7 +15,8 @@ torch.set_num_threads(1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 MODEL_DIR = Path(__file__).parent.parent / "models" / "SmolLM2-135M-Instruct"
 pytestmark = pytest.mark.skipif(not MODEL_DIR.is_dir(), reason="converted model folder missing")
-METHODS = ["estp", "egtp", "ltr_c", "estp_no_debias", "estp_lam0.5", "estp_lam1"]
+METHODS = ["estp", "egtp", "ltr_c", "tfidf", "estp_no_debias", "estp_lam0.5", "estp_lam1", "estp_last"]
+SCENARIOS = {"chat", "longseq", "reasoning", "rl"}
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,8 @@ def result(tmp_path_factory):
         mp.setattr(predictor_accuracy, "_overhead_prompts", lambda splits, _: [e.ids[:12] for e in splits["test"]])
         returned = predictor_accuracy.main([
             "--dataset", str(data), "--out-dir", str(out), "--cache-dir", str(tmp_path_factory.mktemp("cache")),
-            "--model", str(MODEL_DIR), "--methods", *METHODS, "--seeds", "2", "--epochs", "3", "--repeats", "1",
+            "--model", str(MODEL_DIR), "--methods", *METHODS, "--seeds", "2", "--folds", "2", "--epochs", "3",
+            "--repeats", "1",
         ])
     return returned, out
 
@@ -40,8 +42,9 @@ def test_outputs_written(result):
     returned, out = result
     assert json.loads((out / "predictor_accuracy.json").read_text()) == json.loads(json.dumps(returned))
     text = (out / "predictor_accuracy.md").read_text()
-    for heading in ("Table 2", "scenario median (no prompt)", "Table 3", "Where ESTP does not beat EGTP", "Table 6",
-                    "Lambda", "Figure 5"):
+    for heading in ("Targets", "Table 2", "scenario median (no prompt)", "noise floor, leave-one-out", "p50",
+                    "Paired tests", "Table 3", "Pool accuracy", "ceiling, in-sample median", "Coverage",
+                    "Where ESTP does not beat EGTP", "Table 6", "Lambda", "Training toward the ceiling", "Figure 5"):
         assert heading in text
     for plot in ("mae", "lambda", "weights"):
         assert (out / f"predictor_accuracy_{plot}.png").stat().st_size > 0
@@ -49,20 +52,28 @@ def test_outputs_written(result):
 
 def test_json_shape_and_metric_sanity(result):
     r, _ = result
-    assert set(r["methods"]) == {"estp", "egtp", "ltr_c"}
+    assert set(r["methods"]) == {"estp", "egtp", "ltr_c", "tfidf"} and set(r["toward_ceiling"]) == {"estp_last"}
     assert set(r["ablations"]) == {"estp_no_debias"} and set(r["lambda_sweep"]) == {"0.5", "1"}
     assert r["lambda_sweep"]["0.5"] == r["methods"]["estp"]  # the same training, run once
-    for group in ("methods", "ablations", "lambda_sweep"):
-        for metrics in r[group].values():
-            assert set(metrics) == {"longseq", "reasoning", "avg"}  # the test split's scenarios
+    for group in ("methods", "ablations", "lambda_sweep", "toward_ceiling"):
+        for name, metrics in r[group].items():
+            assert set(metrics) == SCENARIOS | {"avg"}  # cross-validation predicts every prompt
             for m in metrics.values():
-                assert m["mae"] >= 0 and m["rmse"] >= m["mae"] and m["mae_std"] >= 0
-                assert all(0 <= m[k] <= 1 for k in ("acc", "acc_short", "acc_medium", "acc_long") if m[k] is not None)
-    assert set(r["noise_floor_mae"]) == {"longseq", "reasoning"}  # single-sample prompts: no floor
-    assert all(v is None for v in r["noise_floor_mae"].values())
-    assert set(r["scenario_median"]) == {"longseq", "reasoning", "avg"}  # the prompt-free reference row
-    assert r["dataset"]["splits"]["test"] == {"prompts": 2, "samples": 2}
-    assert r["training"]["ltr_c"]["val_neg_spearman"] <= 1
+                assert m["mae"] >= 0 and m["rmse"] >= m["mae"] and m["mae_p50"] >= 0 and m["mae_se"] >= 0
+                assert all(0 <= m[k] <= 1 for k in ("acc", "acc_short", "acc_medium", "acc_long", "pool_acc",
+                                                    "coverage_p10_p90") if m[k] is not None)
+                assert ("mae_std" in m) == (name != "tfidf")  # the text model draws no seed
+    assert r["methods"]["ltr_c"]["avg"]["coverage_p10_p90"] is None  # a ranker has no distribution
+    assert r["noise_floor_mae"]["rl"] > 0 and r["noise_floor_mae"]["chat"] is None  # only RL is sampled more than once
+    assert 0 <= r["ceiling_pool_accuracy"]["rl"]["in_sample"] <= 1 and r["ceiling"]["rl"]["prompts_2plus"] == 3
+    assert set(r["scenario_median"]) == SCENARIOS | {"avg"}  # the prompt-free reference row
+    assert r["dataset"]["prompts"] == 17 and r["dataset"]["splits"]["test"] == {"prompts": 2, "samples": 2}
+    e = r["evaluation"]
+    assert e["folds"] == 2 and e["seeds"] == 2 and e["best"] in {**r["methods"], **r["toward_ceiling"]}
+    assert {"estp_vs_egtp", "estp_vs_ltr_c", "estp_vs_tfidf"} <= set(e["paired_tests"])
+    for test in e["paired_tests"].values():
+        assert 0 <= test["p_value"] <= 1 and 0 <= test["p50"]["p_value"] <= 1 and test["prompts"] == 17
+    assert r["training"]["ltr_c"]["val_neg_spearman"] <= 1 and "C" in r["training"]["tfidf"]
 
 
 def test_overhead_and_token_weights(result):

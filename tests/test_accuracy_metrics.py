@@ -6,11 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.accuracy.evaluate import limit_examples, match_quantiles, round_robin, scenario_median
-from benchmarks.accuracy.metrics import by_scenario, length_class, over_seeds, scores
+from benchmarks.accuracy.corpus import limit_examples, round_robin
+from benchmarks.accuracy.crossval import Corpus, match_quantiles
+from benchmarks.accuracy.metrics import by_scenario, clustered_se, length_class, scores
+from benchmarks.accuracy.scoring import paired_test, scenario_median, score
 from benchmarks.accuracy.variants import VARIANTS, select
 from benchmarks.predictor_accuracy import _figure_prompts, _overhead_prompts
-from predictor.train import Example, val_error
+from predictor.fit import val_error
+from predictor.train import Example
+from router.length_bins import PoolBins
 
 
 def test_length_class_boundaries():
@@ -43,11 +47,19 @@ def test_by_scenario_is_an_unweighted_mean_over_scenarios():
     assert out["avg"]["acc_long"] is None
 
 
-def test_over_seeds_means_and_spread():
-    run = lambda mae: {"x": {"n": 3, "mae": mae, "rmse": mae, "acc": 0.5, "mae_se": 1.0}}
-    out = over_seeds([run(10.0), run(20.0)])["x"]
-    assert out["mae"] == 15 and out["mae_std"] == 5 and out["n"] == 3 and out["mae_se"] == 1.0
-    assert "mae_std" not in over_seeds([run(10.0)])["x"]
+def test_seeds_mean_and_spread():
+    out = scores([[10, 10], [30, 30]], [0, 0])  # two seeds: MAE 10 and 30
+    assert out["mae"] == 20 and out["mae_std"] == 10 and out["n"] == 2
+    assert out["mae_se"] == 0  # the seed-averaged errors (20, 20) do not vary
+    assert "mae_std" not in scores([10, 10], [0, 0])
+
+
+def test_clustered_standard_error_counts_a_prompt_once():
+    values = [1.0, 1.0, 1.0, 5.0]
+    assert clustered_se(values) == pytest.approx(np.std(values, ddof=1) / 2)  # independent samples
+    # Prompt a holds three identical samples: two clusters (sums -3 and +3 around the mean 2), G = 2.
+    assert clustered_se(values, ["a", "a", "a", "b"]) == pytest.approx(np.sqrt(2 * (9 + 9)) / 4)
+    assert clustered_se([1.0, 2.0], ["a", "a"]) is None
 
 
 def test_match_quantiles_keeps_order_and_takes_the_training_scale():
@@ -73,19 +85,42 @@ def test_limit_takes_whole_prompts_round_robin_over_scenarios():
     assert limit_examples(examples, None, scenario) is examples
 
 
-def test_scenario_median_predicts_each_scenarios_training_median():
-    scenario = {"a": "chat", "b": "chat", "c": "rl", "t1": "chat", "t2": "rl"}
-    splits = {"train": [Example("a", [1], [10, 30]), Example("b", [2], [20]), Example("c", [3], [100, 300])],
-              "test": [Example("t1", [4], [25]), Example("t2", [5], [150, 250])]}
-    m = scenario_median(splits, scenario)
-    assert m["chat"]["mae"] == pytest.approx(5)  # median 20
-    assert m["rl"]["mae"] == pytest.approx(50)  # median 200
-    assert m["avg"]["mae"] == pytest.approx(27.5)
+def _corpus(examples, scenarios, folds) -> Corpus:
+    return Corpus(examples, scenarios, [""] * len(examples), np.array(folds), 1024)
+
+
+POOLS = PoolBins(("short", "medium", "long"), (100.0, 300.0))
+
+
+def test_scenario_median_predicts_each_scenarios_median_of_the_other_folds():
+    examples = [Example("a", [1], [10, 30]), Example("b", [2], [20]), Example("c", [3], [100, 300]),
+                Example("t1", [4], [25]), Example("t2", [5], [150, 250])]
+    corpus = _corpus(examples, ["chat", "chat", "rl", "chat", "rl"], [0, 0, 0, 1, 1])
+    pred = scenario_median(corpus, POOLS)
+    assert pred["expected"][3] == 20 and pred["expected"][4] == 200  # fold 1 from fold 0's lengths
+    assert pred["expected"][0] == 25 and pred["expected"][2] == 200  # and the other way round
+    assert pred["pool"].tolist() == [0, 0, 1, 0, 1]
+    m = score(pred, corpus, POOLS)
+    assert m["rl"]["mae"] == pytest.approx((100 + 100 + 50 + 50) / 4)
+    assert m["rl"]["coverage_p10_p90"] is None  # a point prediction has no interval
+
+
+def test_paired_test_detects_a_consistent_difference_and_not_noise():
+    rng = np.random.default_rng(0)
+    examples = [Example(f"p{i}", [i], [1, 2]) for i in range(60)]
+    corpus = _corpus(examples, ["a", "b"] * 30, [0, 1] * 30)
+    base = rng.uniform(50, 150, 120)
+    better = paired_test(base - 5 + rng.normal(0, 1, 120), base, corpus)
+    assert better["mae_difference"] == pytest.approx(-5, abs=0.5) and better["p_value"] < 1e-6
+    assert better["wilcoxon_p_value"] < 1e-6 and better["prompts"] == 60
+    same = paired_test(base + rng.normal(0, 1, 120), base, corpus)
+    assert same["p_value"] > 0.05
 
 
 def test_select_expands_groups_and_rejects_unknown_names():
     assert list(select(["egtp", "estp", "egtp"])) == ["egtp", "estp"]
     assert set(select(["ablations"])) == {"estp_no_debias", "estp_no_smoothl1", "estp_no_crps"}
+    assert {"tfidf", "tfidf_reg"} <= set(select(["methods"])) and "estp_distribution" in select(["toward_ceiling"])
     assert len(select(["lambda_sweep"])) == 5 and len(select(["all"])) == len(VARIANTS)
     assert VARIANTS["estp_lam0.5"].key() == VARIANTS["estp"].key()  # trained once
     with pytest.raises(ValueError):

@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-from benchmarks.forelen.datasheet import noise_floor_mae, write_datasheet
+from benchmarks.forelen.datasheet import (ceiling_pool_accuracy, leave_one_out_medians, noise_floor_mae,
+                                          target_samples, within_prompt_variance_share, write_datasheet)
+from router.length_bins import PoolBins
 from benchmarks.forelen.sources import select_prompts
 from tests import FORELEN_TINY as FIXTURE
 
@@ -31,6 +33,27 @@ def test_noise_floor_is_mae_to_each_prompts_median():
     assert noise_floor_mae(rows) == pytest.approx((10 + 0 + 40) / 3)
 
 
+def test_leave_one_out_floor_variance_share_and_ceiling_by_hand():
+    rows = [{"prompt_id": "a", "output_tokens": x} for x in (10, 20, 60)]
+    rows += [{"prompt_id": "b", "output_tokens": x} for x in (100, 300)]
+    assert noise_floor_mae(rows) == pytest.approx((10 + 0 + 40 + 100 + 100) / 5)
+    # a's other samples: (20, 60) -> 40, (10, 60) -> 35, (10, 20) -> 15; b has too few for a median of others
+    assert noise_floor_mae(rows, leave_one_out_medians) == pytest.approx((30 + 15 + 45) / 3)
+    within = (20 ** 2 + 10 ** 2 + 30 ** 2) + 2 * 100 ** 2
+    total = sum((x - 98) ** 2 for x in (10, 20, 60, 100, 300))
+    assert within_prompt_variance_share(rows) == pytest.approx(within / total)
+    pools = PoolBins(("short", "long"), (50.0,))
+    assert ceiling_pool_accuracy(rows, pools) == pytest.approx(4 / 5)  # only 60 is on the other side of a's median
+    assert ceiling_pool_accuracy(rows, pools, leave_one_out_medians) == pytest.approx(2 / 3)
+
+
+def test_target_counts_the_extension_of_held_out_prompts():
+    settings = {"prompts": {"chat": 600, "rl": 200}, "samples": {"chat": 1, "rl": 8},
+                "heldout_samples": {"chat": 4, "rl": 8}}
+    assert target_samples(settings, "chat") == 480 + 120 * 4 and target_samples(settings, "rl") == 1600
+    assert target_samples({**settings, "heldout_samples": {}}, "chat") == 600  # a dataset built before extensions
+
+
 def test_first_n_samples_is_a_prefix_snapshot():
     from predictor.dataset import load_samples
 
@@ -50,6 +73,11 @@ def test_datasheet_shape(tmp_path):
         assert d["output_tokens"]["p10"] <= d["output_tokens"]["p50"] <= d["output_tokens"]["p90"]
         assert (tmp_path / f"forelen_hist_{name}.png").stat().st_size > 0
     assert sheet["noise_floor_mae"]["rl"] > 0
+    c = sheet["ceiling"]["rl"]
+    assert c["noise_floor_mae_leave_one_out"] >= c["noise_floor_mae_in_sample"] > 0
+    assert 0 < c["within_prompt_variance_share"] < 1 and 0 <= c["ceiling_pool_accuracy_in_sample"] <= 1
+    assert sheet["ceiling"]["chat"]["noise_floor_mae_in_sample"] is None  # the fixture samples chat once
+    assert len(sheet["pools"]["edges"]) == 2
     assert "Noise floor" in (tmp_path / "forelen_dataset.md").read_text()
 
 

@@ -55,6 +55,36 @@ def test_predictions_match_the_manual_pipeline(estimator):
         assert 0 <= p.bin < 20 and sum(p.probabilities) == pytest.approx(1.0, abs=1e-5)
 
 
+def test_a_concat_ensemble_calibrated_head_serves_through_the_same_path(tmp_path):
+    """Combined views, ensembles and calibration live in pool() and LengthHead: the estimator
+    (and so the deployment) serves them unchanged."""
+    from predictor.fit import FitConfig
+    from predictor.model_files import model_weights_hash
+
+    torch.manual_seed(0)
+    meta = CheckpointMeta(
+        base_model_id="SmolLM2-135M-Instruct", base_model_hash=model_weights_hash(MODEL_DIR), feature_layer=-1,
+        feature_dim=2 * 576, pooling=PoolingConfig(method="concat", views=["estp", "last"]),
+        bins=LengthBins.log_spaced(k=20, max_tokens=1024), loss=LossConfig(), fit=FitConfig(members=2, hidden=32),
+        cdf_map=torch.linspace(0, 1, 21).sqrt().tolist(), training_data_version="untrained",
+    )
+    head = LengthHead(meta.feature_dim, 20, **meta.fit.architecture())
+    head.cdf_map = torch.tensor(meta.cdf_map)
+    est = LengthEstimator.load(MODEL_DIR, save_checkpoint(tmp_path / "views", head, meta))
+    assert est.features.entropy and est.features.attention
+    ids = [est.encode(p) for p in PROMPTS[:2]]
+    predictions = est.predict(PROMPTS[:2])
+    with torch.no_grad():
+        features = [extract_features(est.model, *pad_left([i], 2), est.features) for i in ids]  # one at a time
+        pooled = torch.cat([torch.cat([pool(f, PoolingConfig(method=m)) for m in ("estp", "last")], -1)
+                            for f in features])
+        probs = head.eval()(pooled).softmax(-1)
+        raw = head.uncalibrated(pooled).softmax(-1)
+    for p, row, uncalibrated in zip(predictions, probs, raw):
+        assert p.probabilities == pytest.approx(row.tolist(), abs=1e-5)
+        assert p.probabilities != pytest.approx(uncalibrated.tolist(), abs=1e-3)
+
+
 def test_other_base_model_is_refused(tmp_path):
     path = write_checkpoint(tmp_path, "0123456789abcdef")
     with pytest.raises(BaseModelMismatchError):

@@ -61,5 +61,27 @@ def test_expected_and_quantiles():
 def test_head_shape():
     head = LengthHead(576, 20).eval()
     assert head(torch.randn(3, 576)).shape == (3, 20)
-    assert [type(m).__name__ for m in head.net] == ["Linear", "LayerNorm", "ReLU", "Dropout", "Linear"]
-    assert head.net[0].out_features == 288
+    (net,) = head.members
+    assert [type(m).__name__ for m in net] == ["Linear", "LayerNorm", "ReLU", "Dropout", "Linear"]
+    assert net[0].out_features == 288
+    assert LengthHead(576, 20, hidden=64).members[0][0].out_features == 64
+
+
+def test_ensemble_averages_probabilities_and_temperature_divides_logits():
+    torch.manual_seed(0)
+    head = LengthHead(8, 5, members=3).eval()
+    x = torch.randn(4, 8)
+    mean = torch.stack([m(x).softmax(-1) for m in head.members]).mean(0)
+    assert torch.allclose(head(x).softmax(-1), mean, atol=1e-6)
+    raw = head(x)
+    head.temperature = 2.0
+    assert torch.allclose(head(x), raw / 2)
+
+
+def test_standardisation_is_fitted_on_training_inputs():
+    head = LengthHead(3, 4).eval()
+    x = torch.tensor([[0.0, 10.0, 5.0], [2.0, 30.0, 5.0]])
+    head.fit_standardisation(x)
+    z = (x - head.shift) / head.scale
+    assert torch.allclose(z.mean(0), torch.zeros(3)) and torch.equal(head.scale[2], torch.tensor(1e-6))
+    assert torch.allclose(head(x), head.members[0](z))

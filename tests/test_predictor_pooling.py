@@ -88,3 +88,23 @@ def test_missing_features_raise():
     f = synthetic()
     with pytest.raises(ValueError):
         pooling_weights(PrefillFeatures(hidden=f.hidden, mask=f.mask, entropy=f.entropy), PoolingConfig())
+
+
+def test_concat_is_the_views_side_by_side_and_reads_what_they_read():
+    f = synthetic()
+    concat = PoolingConfig(method="concat", views=["estp", "last"], lam=0.3)
+    out = pool(f, concat)
+    assert out.shape == (3, 8)
+    assert torch.equal(out[:, :4], pool(f, PoolingConfig(method="estp", lam=0.3)))
+    assert torch.equal(out[:, 4:], pool(f, PoolingConfig(method="last")))
+    assert concat.needs() == (True, True)
+    assert PoolingConfig(method="concat", views=["avg", "last"]).needs() == (False, False)
+    assert PoolingConfig(method="concat", views=["egtp", "avg"]).needs() == (True, False)
+    with pytest.raises(ValueError):
+        pooling_weights(f, concat)  # one weight row per view, not one for the concat
+
+
+@pytest.mark.parametrize("method,views", [("concat", []), ("estp", ["last"]), ("concat", ["avg", "avg"])])
+def test_views_only_with_concat(method, views):
+    with pytest.raises(ValueError):
+        PoolingConfig(method=method, views=views)

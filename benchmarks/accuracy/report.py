@@ -13,15 +13,28 @@ from benchmarks.accuracy.metrics import CLASSES, LONG_ABOVE, SHORT_BELOW
 
 STEM = "predictor_accuracy"
 MAE_COLUMNS = (("mae", "MAE"), ("rmse", "RMSE"))
+GROUP_TITLES = {"ablations": "Table 6: ablations",
+                "lambda_sweep": "Lambda sensitivity (lambda on attention S, 1 - lambda on entropy H)",
+                "toward_ceiling": "Training toward the ceiling: multi-sample targets, regularisation, views, ensembles"}
+# Issue targets: ESTP within this factor of each scenario's noise floor, and at least this share of
+# the ceiling pool accuracy.
+FLOOR_FACTOR = 1.15
+CEILING_SHARE = 0.85
+SIGNIFICANCE = 0.05
 
 
 def _num(value, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def _mae(m: dict) -> str:
-    spread = f" ± {m['mae_std']:.1f}" if m.get("mae_std") is not None else ""
-    return _num(m["mae"]) + spread
+def _pct(value) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def _pm(m: dict, key: str = "mae") -> str:
+    """A MAE with its standard error."""
+    se = m.get(f"{key}_se")
+    return _num(m[key]) + (f" ± {se:.1f}" if se is not None else "")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -29,22 +42,36 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def scenarios_of(result: dict) -> list[str]:
-    first = next(iter({**result["methods"], **result["ablations"], **result["lambda_sweep"]}.values()))
+    groups = {**result["methods"], **result["ablations"], **result["lambda_sweep"], **result["toward_ceiling"]}
+    first = next(iter(groups.values()))
     return [s for s in first if s != "avg"] + ["avg"]
 
 
-def _error_table(result: dict, group: dict[str, dict], first_column: str, floor_row: bool = False) -> list[str]:
-    """Table 2's shape: MAE and RMSE per scenario and their average, one row per entry."""
+def _floor_rows(result: dict, cols: list[str], keys) -> list[list[str]]:
+    """The prompt-free reference and the noise floors, in a table of (metric, title) columns."""
+    reference = result["scenario_median"]
+    rows = [["scenario median (no prompt)", *(_num(reference[s][key]) for s in cols for key, _ in keys)]]
+    for name, floor in (("noise floor, in-sample median", result["noise_floor_mae"]),
+                        ("noise floor, leave-one-out median", result["noise_floor_mae_leave_one_out"])):
+        values = {**floor, "avg": _mean([floor.get(s) for s in cols if s != "avg"])}
+        rows.append([name, *(_num(values.get(s)) if key.startswith("mae") else "" for s in cols for key, _ in keys)])
+    return rows
+
+
+def _mean(values: list) -> float | None:
+    return None if not values or None in values else float(np.mean(values))
+
+
+def _error_table(result: dict, group: dict[str, dict], first_column: str, floor_rows: bool = False,
+                 keys=MAE_COLUMNS) -> list[str]:
+    """Table 2's shape: MAE (± its standard error) and RMSE per scenario and their average."""
     cols = scenarios_of(result)
-    header = [first_column, *(f"{s} {title}" for s in cols for _, title in MAE_COLUMNS)]
-    rows = [[result["labels"].get(name, name), *(_mae(m[s]) if key == "mae" else _num(m[s][key])
-                                                 for s in cols for key, _ in MAE_COLUMNS)]
+    header = [first_column, *(f"{s} {title}" for s in cols for _, title in keys)]
+    rows = [[result["labels"].get(name, name), *(_pm(m[s], key) if key.startswith("mae") else _num(m[s][key])
+                                                 for s in cols for key, _ in keys)]
             for name, m in group.items()]
-    if floor_row:
-        reference = result["scenario_median"]
-        rows.append(["scenario median (no prompt)", *(_num(reference[s][key]) for s in cols for key, _ in MAE_COLUMNS)])
-        floor = result["noise_floor_mae"]
-        rows.append(["noise floor", *(_num(floor.get(s)) if key == "mae" else "" for s in cols for key, _ in MAE_COLUMNS)])
+    if floor_rows:
+        rows += _floor_rows(result, cols, keys)
     return _table(header, rows)
 
 
@@ -58,6 +85,44 @@ def _accuracy_tables(result: dict) -> list[str]:
     return [*by_class, "", *by_scenario]
 
 
+def _ceiling(result: dict, scenario: str, kind: str) -> float | None:
+    c = result["ceiling_pool_accuracy"]
+    if scenario == "avg":
+        return _mean([v[kind] for v in c.values()])
+    return c.get(scenario, {}).get(kind)
+
+
+def _pool_table(result: dict, group: dict[str, dict]) -> list[str]:
+    """Pool accuracy on all samples and on the multi-sample prompts, beside the ceiling."""
+    cols = scenarios_of(result)
+    rows = [[result["labels"].get(n, n), *(f"{_pct(m[s]['pool_acc'])} / {_pct(m[s]['pool_acc_multi'])}" for s in cols)]
+            for n, m in group.items()]
+    rows.append(["scenario median (no prompt)", *(f"{_pct(result['scenario_median'][s]['pool_acc'])} / "
+                                                   f"{_pct(result['scenario_median'][s]['pool_acc_multi'])}" for s in cols)])
+    for kind in ("in_sample", "leave_one_out"):
+        rows.append([f"ceiling, {kind.replace('_', '-')} median", *("– / " + _pct(_ceiling(result, s, kind)) for s in cols)])
+    return _table(["method", *(f"{s} all / multi" for s in cols)], rows)
+
+
+def _coverage_table(result: dict, group: dict[str, dict]) -> list[str]:
+    cols = scenarios_of(result)
+    return _table(["method", *cols], [[result["labels"].get(n, n), *(_pct(m[s]["coverage_p10_p90"]) for s in cols)]
+                                      for n, m in group.items() if m["avg"]["coverage_p10_p90"] is not None])
+
+
+def _paired_table(result: dict, reference: str) -> list[str]:
+    rows = []
+    for key, t in result["evaluation"]["paired_tests"].items():
+        if not key.startswith(f"{reference}_vs_"):
+            continue
+        other = key.removeprefix(f"{reference}_vs_")
+        rows.append([result["labels"].get(other, other), f"{t['mae_difference']:+.1f} ± {t['se']:.1f}",
+                     f"{t['p_value']:.3g}", f"{t['wilcoxon_p_value']:.3g}",
+                     f"{t['p50']['mae_difference']:+.1f} ± {t['p50']['se']:.1f}", f"{t['p50']['p_value']:.3g}"])
+    return _table([f"{result['labels'].get(reference, reference)} vs", "avg MAE difference", "p (paired t)",
+                   "p (Wilcoxon)", "p50 MAE difference", "p (p50, paired t)"], rows)
+
+
 def _overhead_table(overhead: dict) -> list[str]:
     rows = []
     for key, row in overhead.items():
@@ -69,12 +134,8 @@ def _overhead_table(overhead: dict) -> list[str]:
                    "ESTP peak MiB", "memory ratio"], rows)
 
 
-def _sampling_note(a: dict, b: dict) -> str:
-    """Whether two MAEs on the same test set differ by more than twice their combined sampling error."""
-    se = [x.get("mae_se") for x in (a, b)]
-    if None in se:
-        return ", too few samples to judge"
-    return "" if abs(a["mae"] - b["mae"]) > 2 * float(np.hypot(*se)) else ", within sampling error"
+def _test(result: dict, a: str, b: str) -> dict | None:
+    return result["evaluation"]["paired_tests"].get(f"{a}_vs_{b}")
 
 
 def comparison(result: dict) -> list[str]:
@@ -85,72 +146,131 @@ def comparison(result: dict) -> list[str]:
     estp, egtp = methods["estp"], methods["egtp"]
     outcome = {"loses to": [], "ties with": [], "beats": []}
     for s in scenarios_of(result):
-        for key, sign in (("mae", -1), ("rmse", -1), ("acc", 1)):  # sign: +1 where higher is better
+        for key, sign in (("mae", -1), ("mae_p50", -1), ("acc", 1), ("pool_acc", 1)):  # +1: higher is better
             a, b = estp[s][key], egtp[s][key]
-            digits = 3 if key == "acc" else 1
-            note = _sampling_note(estp[s], egtp[s]) if key == "mae" else ""
+            digits = 3 if "acc" in key else 1
             verdict = "ties with" if a == b else "beats" if sign * (a - b) > 0 else "loses to"
-            outcome[verdict].append(f"{s} {key.upper()} ({_num(a, digits)} vs {_num(b, digits)}{note})")
+            outcome[verdict].append(f"{s} {key.upper()} ({_num(a, digits)} vs {_num(b, digits)})")
     lines = [f"ESTP {verdict} EGTP on: " + "; ".join(items) + "." for verdict, items in outcome.items() if items]
-    if not outcome["loses to"] and not outcome["ties with"]:
-        lines.append("ESTP beats EGTP on every scenario and metric here.")
+    test = _test(result, "estp", "egtp")
+    lines.append(f"Paired over prompts, ESTP's average MAE differs from EGTP's by {test['mae_difference']:+.1f} ± "
+                 f"{test['se']:.1f} tokens (p = {test['p_value']:.3g})"
+                 + ("." if test["p_value"] < SIGNIFICANCE else ": not a significant difference."))
     best = min(methods, key=lambda n: methods[n]["avg"]["mae"])
     if best != "estp":
-        lines.append(f"Lowest average MAE: {result['labels'][best]} ({_num(methods[best]['avg']['mae'])}), "
-                     f"not ESTP ({_num(estp['avg']['mae'])}).")
+        lines.append(f"Lowest average MAE of the methods: {result['labels'][best]} ({_pm(methods[best]['avg'])}), "
+                     f"not ESTP ({_pm(estp['avg'])}).")
     reference = result["scenario_median"]["avg"]["mae"]
     learned = [result["labels"][n] for n, m in methods.items() if m["avg"]["mae"] < reference]
     lines.append(f"Predicting each scenario's median training length without reading the prompt gives an average "
-                 f"MAE of {_num(reference)}; " + (f"only {', '.join(learned)} beat{'s' if len(learned) == 1 else ''} it."
-                                                  if learned else "no method beats it: on this data none predicts "
-                                                  "better than a scenario's typical length."))
-    floor = {s: v for s, v in result["noise_floor_mae"].items() if v is not None and s in estp}
-    for s, v in floor.items():
-        lines.append(f"On {s}, ESTP's MAE is {estp[s]['mae'] / v:.2f}x the noise floor ({_num(v)} tokens).")
-    n = estp["avg"]["n"]
-    lines.append(f"The test split has {n} samples; differences below about twice the standard error of the MAE "
-                 f"(mae_se in the JSON) are not evidence either way.")
+                 f"MAE of {_num(reference)}; " + (f"{', '.join(learned)} beat{'s' if len(learned) == 1 else ''} it."
+                                                  if learned else "no method beats it."))
     return [" ".join(lines)]
 
 
+def targets(result: dict) -> list[str]:
+    """The issue's targets for ESTP, each met or missed, from the numbers."""
+    methods = result["methods"]
+    if "estp" not in methods:
+        return ["ESTP was not run."]
+    estp = methods["estp"]
+    best = min(methods, key=lambda n: methods[n]["avg"]["mae"])
+    lines = [f"- Lowest average MAE of all methods: {'met' if best == 'estp' else 'missed'} "
+             f"(ESTP {_pm(estp['avg'])}; lowest {result['labels'][best]} {_pm(methods[best]['avg'])})."]
+    for other in ("egtp", "avg"):
+        t = _test(result, "estp", other)
+        if t:
+            met = t["p_value"] < SIGNIFICANCE and t["mae_difference"] < 0
+            lines.append(f"- Better than {result['labels'][other]} with p < {SIGNIFICANCE}: {'met' if met else 'missed'} "
+                         f"(difference {t['mae_difference']:+.1f} ± {t['se']:.1f}, p = {t['p_value']:.3g}).")
+    for s, floor in result["noise_floor_mae"].items():
+        if floor is None or s not in estp:
+            continue
+        ratio, ratio_multi = estp[s]["mae"] / floor, (estp[s]["mae_multi"] or float("nan")) / floor
+        loo = result["noise_floor_mae_leave_one_out"].get(s)
+        lines.append(f"- {s} within {FLOOR_FACTOR}x of the noise floor ({_num(floor)} in-sample, {_num(loo)} leave-one-out): "
+                     f"{'met' if ratio <= FLOOR_FACTOR else 'missed'} ({ratio:.2f}x on all samples, "
+                     f"{ratio_multi:.2f}x on the multi-sample prompts the floor is measured on).")
+    ceiling = _ceiling(result, "avg", "in_sample")
+    if ceiling:
+        share = estp["avg"]["pool_acc_multi"] / ceiling
+        loo = _ceiling(result, "avg", "leave_one_out")
+        lines.append(f"- Pool accuracy at least {CEILING_SHARE:.0%} of the ceiling's: {'met' if share >= CEILING_SHARE else 'missed'} "
+                     f"(ESTP {_pct(estp['avg']['pool_acc_multi'])} on the multi-sample prompts = {share:.0%} of the "
+                     f"in-sample ceiling {_pct(ceiling)}; {estp['avg']['pool_acc_multi'] / loo:.0%} of the "
+                     f"leave-one-out ceiling {_pct(loo)}).")
+    return lines
+
+
 def markdown(result: dict) -> str:
-    d = result["dataset"]
-    splits = ", ".join(f"{k} {v['prompts']} prompts / {v['samples']} samples" for k, v in d["splits"].items())
-    seeds = result["settings"]["seeds"]
+    d, e = result["dataset"], result["evaluation"]
     rerun = f"python -m benchmarks.predictor_accuracy --samples {d['samples']}" + (f" --limit {d['limit']}" if d.get("limit") else "")
+    best = e["best"]
     lines = [
-        "# Length predictor accuracy (the paper's Tables 2, 3, 6 and Figures 5, 6)",
+        "# Length predictor accuracy (the paper's Tables 2, 3, 6 and Figures 5, 6), cross-validated",
         "",
-        f"Dataset `{d['version']}`: {splits}{' (limited with --limit)' if d.get('limit') else ''}. "
-        f"Heads trained on train, early-stopped on val, scored on test; metrics are means over {seeds} "
-        f"training seed(s){' (± the seeds standard deviation of MAE)' if seeds > 1 else ''}. "
-        f"avg = unweighted mean over scenarios. Regenerate with `{rerun}` (the first {d['samples']} samples built).",
+        f"Dataset `{d['version']}`: {d['prompts']} prompts, {d['evaluated_samples']} samples"
+        f"{' (limited with --limit)' if d.get('limit') else ''}, all splits. {e['folds']}-fold cross-validation by "
+        f"prompt, stratified by scenario: every prompt is predicted by heads trained on the other folds (early "
+        f"stopping and temperature calibration on {e['inner_val_fraction']:.0%} of the training folds), "
+        f"{e['seeds']} training seed(s) per method; MAE is the mean over seeds, ± its standard error clustered by "
+        f"prompt. avg = unweighted mean over scenarios. Regenerate with `{rerun}` (the first {d['samples']} samples built).",
         "",
-        "## Table 2: MAE and RMSE (tokens) on the test split",
+        "## Targets",
         "",
-        *_error_table(result, result["methods"], "method", floor_row=True),
+        *targets(result),
+        f"- Best head by the folds: {result['labels'].get(best, best)} (`{best}`), average MAE "
+        f"{_pm({**result['methods'], **result['toward_ceiling']}[best]['avg'])}.",
         "",
-        "Noise floor: MAE of predicting each prompt's sample median, the best any prompt-only predictor can do; "
-        "only prompts sampled more than once have one. Where it comes from: "
-        + "; ".join(f"{s}: {src}" for s, src in result["noise_floor_source"].items()) + ".",
+        "## Table 2: MAE (± standard error) and RMSE (tokens), expected length",
+        "",
+        *_error_table(result, result["methods"], "method", floor_rows=True),
+        "",
+        "Noise floor: MAE of predicting each prompt's sample median (prompts sampled more than once). With 4 samples "
+        "per prompt the in-sample median is optimistic and the leave-one-out median (of the other samples) is "
+        "pessimistic; the true floor lies between them (benchmarks/results/forelen_dataset.md).",
+        "",
+        "## MAE of the predicted median (p50)",
+        "",
+        *_error_table(result, result["methods"], "method", floor_rows=True, keys=(("mae_p50", "p50 MAE"),)),
+        "",
+        "## Paired tests (per prompt)",
+        "",
+        *_paired_table(result, "estp"),
+    ]
+    if best != "estp":
+        lines += ["", *_paired_table(result, best)]
+    lines += [
         "",
         f"## Table 3: Short (< {SHORT_BELOW}) / Medium ({SHORT_BELOW}-{LONG_ABOVE}) / Long (> {LONG_ABOVE}) accuracy",
         "",
         "The predicted class comes from the expected tokens; per-class accuracy is the share of that true class "
-        "predicted in it, averaged over scenarios (n/a: no test sample of that class).",
+        "predicted in it, averaged over scenarios (n/a: no sample of that class).",
         "",
         *_accuracy_tables(result),
+        "",
+        "## Pool accuracy (the router's pools) against the ceiling",
+        "",
+        f"Pools {', '.join(result['pools']['names'])} with edges {', '.join(f'{x:.0f}' for x in result['pools']['edges'])} "
+        "tokens (equal shares of the ESTP head's training lengths, as the router sets them); a head's pool is the one "
+        "its distribution puts the most mass on. all: every sample; multi: the prompts sampled more than once, the "
+        "samples the ceiling (routing on the prompt's sample median) is measured on.",
+        "",
+        *_pool_table(result, {**result["methods"], **result["toward_ceiling"]}),
+        "",
+        "## Coverage of [p10, p90] (target 80%)",
+        "",
+        *_coverage_table(result, {**result["methods"], **result["toward_ceiling"]}),
         "",
         "## Where ESTP does not beat EGTP",
         "",
         *comparison(result),
     ]
-    if result["ablations"]:
-        reference = {"estp": result["methods"]["estp"]} if "estp" in result["methods"] else {}
-        lines += ["", "## Table 6: ablations", "", *_error_table(result, {**reference, **result["ablations"]}, "variant")]
-    if result["lambda_sweep"]:
-        lines += ["", "## Lambda sensitivity (lambda on attention S, 1 - lambda on entropy H)", "",
-                  *_error_table(result, result["lambda_sweep"], "lambda")]
+    for group, title in GROUP_TITLES.items():
+        if result[group]:
+            reference = {"estp": result["methods"]["estp"]} if "estp" in result["methods"] else {}
+            lines += ["", f"## {title}", "", *_error_table(result, {**reference, **result[group]}, "variant",
+                                                            keys=(("mae", "MAE"), ("mae_p50", "p50 MAE")))]
     if "overhead" in result:
         o = result["overhead"]
         prompts = ", ".join(f"{k}: {v['prompt_tokens']} tokens" for k, v in o.items() if k.startswith("batch_"))
@@ -183,12 +303,14 @@ def plot_mae(result: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(cols), 3.6))
     for i, (name, m) in enumerate(methods.items()):
         ax.bar(np.arange(len(cols)) + i * width, [m[s]["mae"] for s in cols], width, label=result["labels"][name])
-    floor = [(c + 0.4 - width / 2, result["noise_floor_mae"].get(s)) for c, s in enumerate(cols)]
-    floor = [(x, v) for x, v in floor if v is not None]
-    if floor:
-        ax.scatter(*zip(*floor), marker="_", s=600, color="black", label="noise floor", zorder=3)
+    for key, label, colour in (("noise_floor_mae", "noise floor (in-sample)", "black"),
+                               ("noise_floor_mae_leave_one_out", "noise floor (leave-one-out)", "grey")):
+        floor = [(c + 0.4 - width / 2, result[key].get(s)) for c, s in enumerate(cols)]
+        floor = [(x, v) for x, v in floor if v is not None]
+        if floor:
+            ax.scatter(*zip(*floor), marker="_", s=600, color=colour, label=label, zorder=3)
     ax.set_xticks(np.arange(len(cols)) + 0.4 - width / 2, cols)
-    ax.set(ylabel="MAE (tokens)", title="Test MAE by scenario")
+    ax.set(ylabel="MAE (tokens)", title="Cross-validated MAE by scenario")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

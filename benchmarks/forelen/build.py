@@ -79,6 +79,16 @@ def _done_keys(samples_path: Path) -> set[tuple[str, int]]:
     return done
 
 
+def _end_cut_line(samples_path: Path) -> None:
+    """Terminate a line cut by a hard stop, so the next record appended starts a line of its own
+    instead of being glued to the fragment (and lost with it)."""
+    if samples_path.exists() and samples_path.stat().st_size:
+        with open(samples_path, "rb+") as fh:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":
+                fh.write(b"\n")
+
+
 def _grown(have: dict | None, wanted: dict) -> bool:
     have = have or {}
     return all(wanted.get(k, 0) >= v for k, v in have.items())
@@ -157,6 +167,7 @@ def build(
     work = [(it, k) for it in items for k in range(it.samples)]
     random.Random(seed).shuffle(work)  # interleave scenarios: a partial build covers all of them
     samples_path = out / SAMPLES_FILE
+    _end_cut_line(samples_path)
     done = _done_keys(samples_path)
     pending = [(it, k) for it, k in work if (it.prompt_id, k) not in done]
     print(f"{len(work)} samples, {len(work) - len(pending)} already built, {len(pending)} to go")
