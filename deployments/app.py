@@ -71,6 +71,7 @@ def build_app(args: dict) -> Application:
         "queue_order": asdict(config.router.queue.order(median)),
         "capacities": {pool.name: pool.saturation() for pool in config.pools},
         "replicas": {pool.name: pool.replicas() for pool in config.pools},
+        "per_replica": {pool.name: pool.deployment.get("max_ongoing_requests") for pool in config.pools},
     }
     # Ray's queue in front of the router: a last resort past max_ongoing_requests (the router
     # answers 503 itself first, at router.max_pending_requests).

@@ -167,6 +167,7 @@ class RequestLimits(_Strict):
     max_n: int = Field(8, gt=0, description="completions per request (`n`): one client must not hold an engine")
     max_prompts: int = Field(16, gt=0, description="prompts in one /v1/completions call")
     max_stop: int = Field(4, ge=0, description="`stop` sequences (OpenAI's own limit)")
+    max_rollout_samples: int = Field(2048, gt=0, description="prompts x n of one /v1/rollout call")
     trust_request_chat_template: bool = Field(
         False, description="accept `chat_template` in requests: a template is code the router runs",
     )

@@ -49,6 +49,7 @@ from router.pool_load import PoolLoad
 from router.predictor_client import Outcome, PredictorClient
 from router.prompt_ids import UnsupportedPrompt, prompt_ids
 from router.replica_ledger import ledger
+from router.rollout import RolloutRequest, RolloutRunner
 from router.routing import BenchmarkOverrides, Route, benchmark_overrides
 from router.telemetry import QualityMetrics, QueueMetrics, RoutingMetrics
 from router.validation import BodyLimit, check_request, parse_request, request_kind, validation_error
@@ -153,6 +154,12 @@ class Router:
         )
         self._predict_all = spec.get("predict") == "all"
         self._quality = {head: LiveQuality(**self._limits["live_quality"]) for head in heads}
+        self._rollouts = {
+            name: RolloutRunner(name, self._pools[name], self._gates[name], self._ledgers[name], self._predictor,
+                                self._render, self._limits["limits"]["max_rollout_samples"],
+                                routing["per_replica"].get(name))
+            for name in self._pools
+        }
         self._metrics = RoutingMetrics(self._policy_name)
         self._queue_metrics = QueueMetrics()
         self._quality_metrics = QualityMetrics()
@@ -213,6 +220,28 @@ class Router:
     @api.post("/v1/completions")
     async def completions(self, body: CompletionRequest, request: Request):
         return await self._serve(request, body, "completions")
+
+    @api.post("/v1/rollout")
+    async def rollout_http(self, body: RolloutRequest, request: Request) -> dict:
+        """The rollout endpoint (router.rollout): every sample of a batch, with its length and timing."""
+        self._keys.check(request.headers)
+        if body.known_tokens is not None:  # told lengths steer the schedule, as the oracle header does
+            if not self._benchmark:
+                raise APIError(400, "known_tokens: benchmark headers are off (router.benchmark_headers: false).",
+                               param="known_tokens")
+            self._keys.check_benchmark(request.headers)
+        return await self.rollout(body)
+
+    async def rollout(self, request: RolloutRequest | dict, pool: str | None = None) -> dict:
+        """The Python API on Ray: `serve.get_app_handle("lengthserve").rollout.remote({...}).result()`."""
+        req = request if isinstance(request, RolloutRequest) else RolloutRequest.model_validate(request)
+        if req.model != self._model["id"]:
+            raise APIError(404, f"The model '{req.model}' does not exist; this server serves '{self._model['id']}'.",
+                           param="model", code="model_not_found")
+        if req.max_tokens > self._model["max_model_len"]:
+            raise APIError(400, f"'max_tokens' = {req.max_tokens} exceeds the model's context.", param="max_tokens")
+        runner = self._rollouts[pool or max(self._pools, key=lambda p: self._load.queues[p].slots or 0)]
+        return await runner.run(req)
 
     def _checked(self, request: Request, body, kind: str) -> None:
         self._keys.check(request.headers)

@@ -24,12 +24,16 @@ class _Work:
     replica: str | None = None
     distribution: tuple[LengthBins, list[float]] | None = None
     cap: int | None = None
+    estimate: float | None = None  # a length told rather than predicted (a rollout's known lengths)
     streamed: int = 0  # tokens relayed so far (streams)
+    pinned: str | None = None  # the replica the router chose for it (rollouts)
 
     def remaining(self) -> float | None:
-        if self.distribution is None:
-            return None
-        return expected_remaining(*self.distribution, self.streamed, self.cap)
+        if self.distribution is not None:
+            return expected_remaining(*self.distribution, self.streamed, self.cap)
+        if self.estimate is not None:
+            return max(1.0, self.estimate - self.streamed)
+        return None
 
 
 class ReplicaLedger:
@@ -39,6 +43,34 @@ class ReplicaLedger:
         self._lock = threading.Lock()
         self._work: dict[str, _Work] = {}
         self._ours: dict[str, str] = {}  # Ray's internal request id -> ours
+        self._replicas: list[str] = []  # the pool's live replicas, as Ray's router last saw them
+
+    def set_replicas(self, replicas: list[str]) -> None:
+        with self._lock:
+            self._replicas = list(replicas)
+
+    def live_replicas(self) -> list[str]:
+        with self._lock:
+            return list(self._replicas)
+
+    def pin(self, request_id: str, replica: str) -> None:
+        """Send this request to `replica` (Ray's router honours it while the replica lives)."""
+        with self._lock:
+            self._work.setdefault(request_id, _Work()).pinned = replica
+
+    def pinned(self, request_id: str) -> str | None:
+        with self._lock:
+            work = self._work.get(request_id)
+            return None if work is None else work.pinned
+
+    def replica_of(self, request_id: str) -> str | None:
+        with self._lock:
+            work = self._work.get(request_id)
+            return None if work is None else work.replica
+
+    def estimated(self, request_id: str, tokens: float) -> None:
+        with self._lock:
+            self._work.setdefault(request_id, _Work()).estimate = tokens
 
     def routed(self, request_id: str, internal_id: str, replica: str) -> None:
         with self._lock:
@@ -70,10 +102,12 @@ class ReplicaLedger:
     def snapshot(self) -> dict[str, dict]:
         """Per replica: requests, how many have a prediction, their predicted remaining tokens."""
         with self._lock:
-            work = [w for w in self._work.values() if w.replica is not None]
+            # A pinned request counts on its replica from the moment it is sent, before Ray confirms.
+            work = [w for w in self._work.values() if (w.replica or w.pinned) is not None]
             out: dict[str, dict] = {}
             for w in work:
-                entry = out.setdefault(w.replica, {"requests": 0, "predicted": 0, "predicted_remaining_tokens": 0.0})
+                entry = out.setdefault(w.replica or w.pinned,
+                                       {"requests": 0, "predicted": 0, "predicted_remaining_tokens": 0.0})
                 entry["requests"] += 1
                 if (left := w.remaining()) is not None:
                     entry["predicted"] += 1

@@ -19,10 +19,21 @@ from router.replica_ledger import ledger
 
 
 class LedgerRequestRouter(PowerOfTwoChoicesRequestRouter):
-    """Ray's power of two choices, telling the pool's ledger where each request went."""
+    """Ray's power of two choices, telling the pool's ledger where each request went; a request
+    the router pinned to a replica (a rollout's LPT placement) goes there while it lives."""
 
     def initialize_state(self, pool: str = "") -> None:
         self._ledger = ledger(pool)
+
+    def update_replicas(self, replicas) -> None:
+        super().update_replicas(replicas)
+        self._ledger.set_replicas([r.replica_id.unique_id for r in replicas])
+
+    async def choose_replicas(self, candidate_replicas, pending_request=None):
+        body = pending_request.args[0] if pending_request is not None and pending_request.args else None
+        target = self._ledger.pinned(getattr(body, "request_id", None) or "")
+        chosen = [r for r in candidate_replicas if target and r.replica_id.unique_id == target]
+        return [chosen] if chosen else await super().choose_replicas(candidate_replicas, pending_request)
 
     def on_request_routed(self, pending_request, replica_id, result) -> None:
         body = pending_request.args[0] if pending_request.args else None
