@@ -48,6 +48,8 @@ class Decider:
 
     def decide(self, job: Job, policy: str, spill: bool = True) -> Decision:
         pool, decided_by, reason = self.chain.choose(job, policy)
+        if floor := job.floor_tokens():  # a request that forces N tokens never lands in a pool for fewer
+            pool = max(pool, self.bins.pool_of(floor), key=self.bins.names.index)
         served = self.load.spill(pool) if spill and self._spillover else pool
         return Decision(served, pool, decided_by, reason, self.rank(job, decided_by))
 

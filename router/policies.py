@@ -123,13 +123,6 @@ class InputLength:
         return self._bins.pool_of(job.prompt_tokens)
 
 
-def _at_least(bins: PoolBins, pool: str, job: Job) -> str:
-    """`pool`, or a longer one if the request forces more tokens than `pool` holds."""
-    floor = job.floor_tokens()
-    forced = bins.pool_of(floor) if floor else pool
-    return max(pool, forced, key=bins.names.index)
-
-
 class PredictedBin:
     """ESTP or EGTP: the pool the predictor's distribution puts the most mass on."""
 
@@ -141,7 +134,7 @@ class PredictedBin:
     def choose(self, job: Job) -> str:
         if job.prediction is None:
             raise NoDecision(job.prediction_failure or "no_prediction")
-        return _at_least(self._bins, job.prediction["bin"], job)
+        return job.prediction["bin"]
 
 
 class Oracle:

@@ -16,7 +16,6 @@ from contextlib import AsyncExitStack
 import httpx
 import psutil
 import pytest
-import yaml
 
 from router.length_bins import PoolBins
 
@@ -149,20 +148,17 @@ def _wait_idle(stack, timeout_s: float = 120) -> None:
         time.sleep(1)
 
 
-def _input_length_pool(stack, prompt_tokens: int) -> str:
-    edges = yaml.safe_load(stack.config_path.read_text())["applications"][0]["args"]["router"]["input_edges"]
-    return PoolBins(tuple(POOLS), tuple(edges)).pool_of(prompt_tokens)
-
-
 def test_saturated_pool_spills_to_its_neighbour(stack):
     capacity = 16  # max_ongoing_requests x 1 replica per pool in ray_config.yaml
     # Identical requests share a pool; ignore_eos keeps each busy for 500 tokens, far longer than
     # the test needs, and hanging up at the end cancels them.
     holder = _chat(stack, "Count upwards from one.", max_tokens=500, ignore_eos=True, stream=True)
     prediction = _predict(stack, "Count upwards from one.", max_tokens=500)
-    pool = prediction["bin"]
-    # 18 concurrent predictions on a busy CPU: some time out and the fallback decides instead.
-    assert _input_length_pool(stack, prediction["prompt_tokens"]) == pool, "choose a prompt both policies agree on"
+    # ignore_eos: 500 tokens whatever the prediction says, so the pool that holds 500 at least.
+    edges = _get(stack, "/health").json()["output_edges"]
+    pool = max(prediction["bin"], PoolBins(tuple(POOLS), tuple(edges)).pool_of(500), key=POOLS.index)
+    # 18 concurrent predictions on a busy CPU: some time out and the fallback decides instead,
+    # under the same floor.
     i = POOLS.index(pool)
     neighbour = POOLS[i + 1] if i + 1 < len(POOLS) else POOLS[i - 1]  # the longer one when both exist
     _wait_idle(stack)

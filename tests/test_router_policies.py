@@ -217,11 +217,15 @@ def test_effective_length_counts_forced_tokens_and_every_sequence():
 
 
 def test_a_forced_length_cannot_land_in_the_short_pool():
-    policy = _policy("estp")
-    short = {"bin": "short", "expected_tokens": 10.0}
-    assert policy.choose(Job(prediction=short, max_tokens=2000)) == "short"
-    assert policy.choose(Job(prediction=short, max_tokens=2000, ignore_eos=True)) == "long"
-    assert policy.choose(Job(prediction=short, max_tokens=2000, min_tokens=150)) == "medium"
+    from router.decision import Decider
+
+    decider = Decider(_ctx(), POLICIES, "input_length", spillover=False)
+    short = {"bin": "short", "expected_tokens": 10.0, "quantiles": {}}
+    assert decider.decide(Job(prediction=short, max_tokens=2000), "estp").pool == "short"
+    assert decider.decide(Job(prediction=short, max_tokens=2000, ignore_eos=True), "estp").pool == "long"
+    assert decider.decide(Job(prediction=short, max_tokens=2000, min_tokens=150), "estp").pool == "medium"
+    # Whoever decides: the fallback too (a short prompt, no prediction).
+    assert decider.decide(Job(prompt_tokens=5, max_tokens=2000, ignore_eos=True), "estp").pool == "long"
 
 
 def test_work_policies_never_fall_back_and_pick_pools_as_ray_does():

@@ -1,0 +1,51 @@
+"""Rollouts through the real stack: POST /v1/rollout on ray_config.yaml's application, repeated.
+
+The batch is the test split's RL prompts, each sampled n times, as an RL step asks. Policies are
+the rollout's schedules with where their lengths come from: `ray_default` (fifo: the batch's order,
+Ray's replica choice), `estp` (makespan on the ESTP head's predictions), `ceiling` (makespan on
+each prompt's median length over the dataset's samples), `oracle` (makespan on the dataset's own
+sample lengths: on the real stack every generation is a fresh draw, so this "oracle" knows one
+earlier draw per sample, not the length about to be generated).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+import httpx
+
+from benchmarks.forelen.build import DEFAULT_OUT
+from benchmarks.rollout.metrics import batch_metrics
+from predictor.dataset import load_samples
+
+
+def rl_batch(prompts: int, n: int, max_tokens: int) -> tuple[list[str], dict[str, list[list[int]]]]:
+    """The first `prompts` RL test prompts (by id), and per policy the lengths it is told."""
+    by_prompt: dict[str, list[dict]] = defaultdict(list)
+    for r in load_samples(DEFAULT_OUT, split="test", scenario="rl"):
+        by_prompt[r["prompt_id"]].append(r)
+    chosen = sorted(by_prompt)[:prompts]
+    texts = [by_prompt[p][0]["prompt"] for p in chosen]
+    lengths = [[min(r["output_tokens"], max_tokens) for r in sorted(by_prompt[p], key=lambda r: r["sample_idx"])]
+               for p in chosen]
+    oracle = [(ls * n)[:n] for ls in lengths]
+    ceiling = [[round(statistics.median(ls))] * n for ls in lengths]
+    return texts, {"oracle": oracle, "ceiling": ceiling}
+
+
+POLICIES = {"ray_default": "fifo", "estp": "makespan", "ceiling": "makespan", "oracle": "makespan"}
+
+
+def run_once(base_url: str, model: str, texts: list[str], known: dict, policy: str, n: int, max_tokens: int,
+             headers: dict, timeout_s: float = 3600) -> dict:
+    body = {"model": model, "prompts": texts, "n": n, "max_tokens": max_tokens, "schedule": POLICIES[policy],
+            "known_tokens": known.get(policy)}
+    r = httpx.post(f"{base_url}/v1/rollout", json=body, headers=headers, timeout=timeout_s)
+    r.raise_for_status()
+    samples = r.json()["samples"]
+    ok = [s for s in samples if s["error"] is None]
+    metrics = batch_metrics([s["finished_s"] for s in ok], [s["completion_tokens"] for s in ok],
+                            [s["replica"] for s in ok])
+    return {**metrics, "requested": len(texts) * n, "returned": len(samples), "failed": len(samples) - len(ok),
+            "lost": len(texts) * n - len(samples)}
