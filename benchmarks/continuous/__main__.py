@@ -15,25 +15,19 @@ whole machine.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+from benchmarks import parts as parts_file
 from benchmarks.continuous import report, simulated
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def _update(out: Path, **parts) -> dict:
-    path = out / "continuous.json"
-    result = json.loads(path.read_text()) if path.exists() else {}
-    result.update(parts)
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    report.write(result, out)
-    return result
+    return parts_file.update(out, "continuous", report.markdown, report.plot, **parts)
 
 
 def _real(args) -> dict:
@@ -114,7 +108,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     out = getattr(args, "out", RESULTS)
     if args.command == "report":
-        report.write(json.loads((out / "continuous.json").read_text()), out)
+        parts_file.write(out, "continuous", parts_file.load(out, "continuous"), report.markdown, report.plot)
         return
     if args.command == "real":
         _real(args)

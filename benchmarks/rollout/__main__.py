@@ -10,24 +10,18 @@ Each command replaces its own part of benchmarks/results/rollout.json and rewrit
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from pathlib import Path
 
+from benchmarks import parts as parts_file
 from benchmarks.rollout import report
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def _update(out: Path, **parts) -> dict:
-    path = out / "rollout.json"
-    result = json.loads(path.read_text()) if path.exists() else {}
-    result.update(parts)
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    report.write(result, out)
-    return result
+    return parts_file.update(out, "rollout", report.markdown, report.plot, **parts)
 
 
 def _real(args) -> dict:
@@ -70,7 +64,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     out = getattr(args, "out", RESULTS)
     if args.command == "report":
-        report.write(json.loads((out / "rollout.json").read_text()), out)
+        parts_file.write(out, "rollout", parts_file.load(out, "rollout"), report.markdown, report.plot)
     elif args.command == "real":
         _real(args)
     else:

@@ -83,7 +83,7 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plot(result: dict, out: Path) -> None:
+def plot(result: dict, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,9 +109,3 @@ def _plot(result: dict, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "rollout.png", dpi=110)
     plt.close(fig)
-
-
-def write(result: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "rollout.md").write_text(markdown(result))
-    _plot(result, out)
