@@ -364,8 +364,9 @@ class Router:
         self._queue_metrics.waiting(decision.pool, len(gate.queue))
         # Beside the request: a work policy's rank while it waits; with `predict: all`, every request;
         # while live quality keeps the router length-blind, shadow predictions that can win trust back.
+        predict_all = self._predict_all if bench.predict_all is None else bench.predict_all
         if flight.head is not None and outcome is None and flight.predicted_ids is not None:
-            if (ticket.queued and decision.policy in WORK) or self._predict_all or not trusted:
+            if (ticket.queued and decision.policy in WORK) or predict_all or not trusted:
                 flight.late = asyncio.create_task(self._predict_beside(flight, gate, body))
         try:
             await self._admitted(flight, gate)
@@ -374,7 +375,7 @@ class Router:
                 flight.late.cancel()
             self._ledgers[decision.pool].drop(ticket.request_id)
             raise
-        if flight.late is not None and not self._predict_all:
+        if flight.late is not None and not predict_all:
             flight.late.cancel()  # dispatched before its prediction landed: no longer needed
         return await self._relay(flight, gate, body, kind)
 

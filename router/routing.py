@@ -48,6 +48,7 @@ class Route:
 POLICY_HEADER = "x-routing-policy"
 ORACLE_HEADER = "x-true-output-tokens"
 POOL_HEADER = "x-target-pool"
+PREDICT_HEADER = "x-predict"
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class BenchmarkOverrides:
     policy: str | None = None  # X-Routing-Policy: decide by this policy instead of the configured one
     true_tokens: int | None = None  # X-True-Output-Tokens: the real output length, for the oracle
     pool: str | None = None  # X-Target-Pool: a pool planned beforehand (batch-synchronous replays)
+    predict_all: bool | None = None  # X-Predict: all | waiting, for this request (predictor.predict)
 
 
 def benchmark_overrides(headers, enabled: bool, policies, pools, keys: Keys) -> BenchmarkOverrides:
@@ -66,8 +68,10 @@ def benchmark_overrides(headers, enabled: bool, policies, pools, keys: Keys) -> 
     Refusing them when off (rather than ignoring them) keeps a benchmark pointed at a production
     router from silently measuring the configured policy under another policy's name.
     """
-    policy, true_tokens, pool = (headers.get(h) for h in (POLICY_HEADER, ORACLE_HEADER, POOL_HEADER))
-    given = [h for h, v in ((POLICY_HEADER, policy), (ORACLE_HEADER, true_tokens), (POOL_HEADER, pool)) if v is not None]
+    policy, true_tokens, pool, predict = (headers.get(h) for h in (POLICY_HEADER, ORACLE_HEADER, POOL_HEADER,
+                                                                    PREDICT_HEADER))
+    given = [h for h, v in ((POLICY_HEADER, policy), (ORACLE_HEADER, true_tokens), (POOL_HEADER, pool),
+                            (PREDICT_HEADER, predict)) if v is not None]
     if not enabled:
         if given:
             raise APIError(400, f"{', '.join(given)}: benchmark headers are off (router.benchmark_headers: false).")
@@ -80,4 +84,7 @@ def benchmark_overrides(headers, enabled: bool, policies, pools, keys: Keys) -> 
         raise APIError(400, f"{ORACLE_HEADER} must be a non-negative integer, got {true_tokens!r}.")
     if pool is not None and pool not in pools:
         raise APIError(400, f"Unknown pool {pool!r} in {POOL_HEADER}; one of {list(pools)}.")
-    return BenchmarkOverrides(policy, None if true_tokens is None else int(true_tokens), pool)
+    if predict not in (None, "all", "waiting"):
+        raise APIError(400, f"{PREDICT_HEADER} must be 'all' or 'waiting', got {predict!r}.")
+    return BenchmarkOverrides(policy, None if true_tokens is None else int(true_tokens), pool,
+                              None if predict is None else predict == "all")

@@ -50,9 +50,13 @@ def _real(args) -> dict:
             actors = spawn_actors(stack.base_url, args.actors, 1800)
             health = httpx.get(f"{stack.base_url}/health", timeout=30).json()
             queueing = real.queueing_runs(stack.base_url, actors, trace, args.policies, args.repeats, drain)
-            drain(stack.base_url)
-            burst_records = real.closed_loop(stack.base_url, burst_trace, actors, real.BURST_INFLIGHT, "stack")
-            stack_burst = real.burst_summary(burst_records)
+            bursts = {}
+            for mode in ("waiting", "all"):  # predict only requests that wait, or every one (its CPU cost)
+                drain(stack.base_url)
+                records = real.closed_loop(stack.base_url, burst_trace, actors, real.BURST_INFLIGHT, f"stack/{mode}",
+                                           policy=args.policies[-1], extra_headers={"X-Predict": mode})
+                bursts[mode] = real.burst_summary(records)
+            stack_burst = bursts["waiting"]
             import ray
 
             ray.shutdown()
@@ -71,7 +75,8 @@ def _real(args) -> dict:
     ratio = lambda a, b: None if not a or not b else a / b
     return _update(
         args.out, real={**queueing, "settings": settings},
-        burst={"requests": len(burst_trace), "stack": stack_burst, "bare_vllm": bare,
+        burst={"requests": len(burst_trace), "stack": stack_burst, "stack_predict_all": bursts["all"],
+               "bare_vllm": bare,
                "fallback_rate": stack_burst["fallback_rate"],
                "p50_ttft_ratio_vs_bare": ratio(stack_burst["p50_ttft_s"], bare["p50_ttft_s"])},
         bare_vllm={"throughput_ratio": ratio(stack_burst["throughput_tok_s"], bare["throughput_tok_s"]),

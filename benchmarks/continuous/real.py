@@ -69,13 +69,14 @@ def held_out_chat(tokenizer, n: int = BURST_PROMPTS, max_prompt_tokens: int = 30
 
 
 def closed_loop(base_url: str, trace: list[TraceRequest], actors: list, concurrency: int, label: str,
-                policy: str | None = None, timeout_s: float = 1800) -> list[RequestRecord]:
+                policy: str | None = None, extra_headers: dict | None = None,
+                timeout_s: float = 1800) -> list[RequestRecord]:
     """`concurrency` in flight in all, split over the actors; lost requests raise."""
     t0 = time.time() + 2.0
     per_actor = max(1, concurrency // len(actors))
     shards = [trace[i::len(actors)] for i in range(len(actors))]
-    refs = [a.closed_loop.remote([r.model_dump() for r in shard], per_actor, t0, t0 + timeout_s, policy, label)
-            for a, shard in zip(actors, shards) if shard]
+    refs = [a.closed_loop.remote([r.model_dump() for r in shard], per_actor, t0, t0 + timeout_s, policy, label,
+                                 extra_headers) for a, shard in zip(actors, shards) if shard]
     records = [RequestRecord.model_validate(r) for ref in refs for r in ray.get(ref)]
     if account(trace, records).lost:
         raise RuntimeError(f"lost requests: {account(trace, records)}")

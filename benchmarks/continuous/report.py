@@ -127,15 +127,18 @@ def _real_lines(real: dict) -> list[str]:
 
 
 def _burst_lines(burst: dict, bare: dict) -> list[str]:
-    st, bv = burst["stack"], burst["bare_vllm"]
+    st, al, bv = burst["stack"], burst.get("stack_predict_all", {}), burst["bare_vllm"]
     rows = [("throughput (tok/s)", "throughput_tok_s"), ("p50 TTFT (s)", "p50_ttft_s"),
-            ("mean JCT (s)", "mean_jct_s"), ("p99 JCT (s)", "p99_jct_s")]
+            ("mean JCT (s)", "mean_jct_s"), ("p99 JCT (s)", "p99_jct_s"), ("requests predicted", "predicted_share")]
     lines = ["## Burst: held-out ShareGPT prompts, a fixed number in flight, against bare vLLM", "",
-             f"{burst['requests']} prompts the dataset never used, max_tokens 1024.", "",
-             "| | stack | bare vLLM | ratio |", "|---|---|---|---|"]
+             f"{burst['requests']} prompts the dataset never used, max_tokens 1024. The stack twice: predicting only "
+             "the requests that wait (`predictor.predict: waiting`, the default) and predicting every request "
+             "(`all`: the prefill's CPU cost on this machine).", "",
+             "| | stack (waiting) | stack (all) | bare vLLM | waiting / bare |", "|---|---|---|---|---|"]
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"
     for label, key in rows:
-        a, b = st.get(key), bv.get(key)
-        lines.append(f"| {label} | {a:.2f} | {b:.2f} | {a / b:.2f}x |" if a and b else f"| {label} | {a} | {b} | - |")
+        a, c, b = st.get(key), al.get(key), bv.get(key)
+        lines.append(f"| {label} | {fmt(a)} | {fmt(c)} | {fmt(b)} | {f'{a / b:.2f}x' if a and b else '-'} |")
     fr, tr = burst["fallback_rate"], burst["p50_ttft_ratio_vs_bare"]
     lines += ["", f"- Requests that waited and left the queue without a prediction, or fell back: {fr:.1%} "
               f"(target <= 5%: {'held' if fr <= 0.05 else 'missed'}); {st['waited']} of {st['completed']} waited.",

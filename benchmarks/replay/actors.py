@@ -109,9 +109,9 @@ class ReplayActor:
         return [r.model_dump() for r in await asyncio.gather(*map(one, reqs))]
 
     async def closed_loop(self, requests: list[dict], concurrency: int, t0: float, deadline: float,
-                          policy: str | None, label: str) -> list[dict]:
+                          policy: str | None, label: str, extra_headers: dict | None = None) -> list[dict]:
         """`concurrency` requests in flight at all times (a client pool of that size), in trace order;
-        each request's arrival is when a client takes it."""
+        each request's arrival is when a client takes it. `extra_headers`: more benchmark headers."""
         reqs = [TraceRequest.model_validate(r) for r in requests]
         slots = asyncio.Semaphore(concurrency)
         while (wait := t0 - time.time()) > 0:
@@ -120,7 +120,7 @@ class ReplayActor:
         async def one(req: TraceRequest) -> RequestRecord:
             async with slots:
                 arrival = time.time() - t0
-                return await self._send(req, t0, deadline, benchmark_headers(req, policy),
+                return await self._send(req, t0, deadline, {**benchmark_headers(req, policy), **(extra_headers or {})},
                                         dict(policy=label, mode="open", arrival_s=arrival))
 
         return [r.model_dump() for r in await asyncio.gather(*map(one, reqs))]
