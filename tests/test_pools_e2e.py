@@ -78,10 +78,10 @@ def _predict(stack, content: str, **extra) -> dict:
     return r.json()
 
 
-def _stream_headers(stack, body: dict) -> httpx.Headers:
+def _stream_headers(stack, body: dict, headers: dict | None = None) -> httpx.Headers:
     """Open a stream, keep only its headers, and hang up (the router cancels the rest)."""
     with httpx.stream("POST", f"{stack.base_url}/v1/chat/completions", json={**body, "stream": True},
-                      timeout=300, headers=stack.client_headers) as r:
+                      timeout=300, headers={**stack.client_headers, **(headers or {})}) as r:
         assert r.status_code == 200
         return r.headers
 
@@ -193,9 +193,11 @@ def test_benchmark_headers_choose_policy_and_head_per_request(stack, client):
     assert r.json()["expected_tokens"] != estp["expected_tokens"]  # the EGTP head, from the same prefill
     assert "routing" not in estp  # no header: the default answer, unchanged
 
-    oracle = _post(stack, "/v1/chat/completions", _chat(stack, SHORT, max_tokens=4),
-                   headers={**stack.client_headers, "X-Routing-Policy": "oracle", "X-True-Output-Tokens": "1000"})
-    assert oracle.headers["x-routing-policy"] == "oracle" and oracle.headers["x-pool"] == POOLS[-1]
+    told = {"X-Routing-Policy": "oracle", "X-True-Output-Tokens": "1000"}
+    oracle = _stream_headers(stack, _chat(stack, SHORT, max_tokens=1100), told)
+    assert oracle["x-routing-policy"] == "oracle" and oracle["x-pool"] == POOLS[-1]
+    # max_tokens caps the true length too: 4 tokens at most is short, whatever the header says.
+    assert _post(stack, "/v1/chat/completions", _chat(stack, SHORT, max_tokens=4), told).headers["x-pool"] == POOLS[0]
     turns = [_post(stack, "/v1/chat/completions", _chat(stack, SHORT, max_tokens=2),
                    headers={**stack.client_headers, "X-Routing-Policy": "round_robin"}).headers["x-pool"] for _ in POOLS]
     assert sorted(turns) == sorted(POOLS)
