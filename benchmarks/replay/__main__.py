@@ -85,15 +85,21 @@ def drain(base_url: str, timeout_s: float = 300) -> None:
         time.sleep(2)
 
 
+POOLS = ("short", "medium", "long")
+
+
 @contextlib.contextmanager
 def serving(base_url: str | None, output_edges: list[float]):
-    """A running stack's URL: the given one, or ray_config.yaml's started with benchmark headers."""
+    """A running stack's URL: the given one, or ray_config.yaml's application with the paper's three
+    length pools (one replica each) and benchmark headers, which this benchmark compares."""
     if base_url:
         yield base_url.rstrip("/")
         return
     with tempfile.TemporaryDirectory() as tmp:
-        router = {"benchmark_headers": True, "output_edges": output_edges}
-        with RunningStack(Path(tmp), {"router": router}) as stack:
+        pools = [{"name": name, "deployment": {"num_replicas": 1, "max_ongoing_requests": 16}} for name in POOLS]
+        router = {"benchmark_headers": True, "output_edges": output_edges, "policy": "estp",
+                  "fallback_policy": "input_length", "input_edges": [64, 100]}
+        with RunningStack(Path(tmp), {"pools": pools, "router": router}) as stack:
             os.environ["RAY_ADDRESS"] = "auto"  # the cluster the stack just started
             yield stack.base_url
 
