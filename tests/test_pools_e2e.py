@@ -227,7 +227,8 @@ def test_a_prediction_that_lands_after_dispatch_updates_the_replicas_work_estima
         for _ in range(40):
             next(lines)
         later = next(iter(_get(stack, "/health").json()["replicas"][pool].values()))
-        assert later["predicted_remaining_tokens"] <= first  # conditioned on the tokens streamed since
+        # Re-conditioned on the tokens streamed since (E[L - k | L > k] can grow with k: a long tail).
+        assert later["predicted_remaining_tokens"] != first
 
 
 def test_api_keys_guard_everything_but_health(stack):
