@@ -123,7 +123,9 @@ def main(argv=None) -> None:
     setup = load_setup()
     if args.command == "sim":
         grid = simulated.grid(setup, args.replicas, args.loads, args.arrivals, args.policies, args.workers, args.seed)
-        _update(out, simulated=grid, simulated_settings={
+        # Runs of other policies or sizes stay: a head retrained reruns only the policies that read it.
+        _update(out, simulated=simulated.merge(parts_file.load(out, "continuous").get("simulated", {}), grid),
+                simulated_settings={
             "prediction_quality_test_split": setup.prediction_quality("test"),
             "requests_per_size": {str(n): simulated.requests_for(n) for n in args.replicas},
             "layout": simulated.LAYOUT, "queue_order": asdict(setup.queue_order),

@@ -87,3 +87,12 @@ def design(setup: Setup, workers: int = 2, seed: int = 0, replicas: int = DESIGN
         policy, knob = rest
         out[kind].setdefault(where, {}).setdefault(policy, {})[str(knob)] = _keep(done[j])
     return out
+
+
+def merge(old: dict, new: dict) -> dict:
+    """`new` runs over `old` ones, policy by policy."""
+    out = {size: {w: dict(by_policy) for w, by_policy in by_w.items()} for size, by_w in old.items()}
+    for size, by_w in new.items():
+        for workload, by_policy in by_w.items():
+            out.setdefault(size, {}).setdefault(workload, {}).update(by_policy)
+    return out
