@@ -31,7 +31,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle
-from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from vllm.entrypoints.generate.base.protocol import StreamOptions
 from vllm.exceptions import VLLMValidationError
@@ -52,7 +51,8 @@ from router.replica_ledger import ledger
 from router.rollout import RolloutRequest, RolloutRunner
 from router.routing import BenchmarkOverrides, Route, benchmark_overrides
 from router.telemetry import QualityMetrics, QueueMetrics, RoutingMetrics
-from router.validation import BodyLimit, check_request, parse_request, request_kind, validation_error
+from router.validation import (BodyLimit, ChatBody, CompletionBody, check_request, parse_request, request_kind,
+                               validation_error)
 from router.waiting import PoolGate, QueueFull, Ticket
 
 log = logging.getLogger("ray.serve")
@@ -214,11 +214,11 @@ class Router:
         return self._card()
 
     @api.post("/v1/chat/completions")
-    async def chat(self, body: ChatCompletionRequest, request: Request):
+    async def chat(self, body: ChatBody, request: Request):
         return await self._serve(request, body, "chat")
 
     @api.post("/v1/completions")
-    async def completions(self, body: CompletionRequest, request: Request):
+    async def completions(self, body: CompletionBody, request: Request):
         return await self._serve(request, body, "completions")
 
     @api.post("/v1/rollout")

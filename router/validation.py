@@ -21,7 +21,7 @@ import json
 from typing import Literal
 
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from pydantic import ValidationError, model_validator
 from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from vllm.exceptions import VLLMValidationError
@@ -29,7 +29,30 @@ from vllm.exceptions import VLLMValidationError
 from router.errors import APIError
 
 Kind = Literal["chat", "completions"]
-MODELS = {"chat": ChatCompletionRequest, "completions": CompletionRequest}
+
+
+class _Guarded:
+    """vLLM's own `before` validators index into fields they never type-check (`"messages": null`
+    raises TypeError, which pydantic passes through as a 500): as a validation error it is a 400."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _malformed_is_invalid(cls, data, handler):
+        try:
+            return handler(data)
+        except (TypeError, AttributeError, KeyError) as e:
+            raise ValueError(f"malformed request body ({type(e).__name__}: {e})") from None
+
+
+class ChatBody(_Guarded, ChatCompletionRequest):
+    pass
+
+
+class CompletionBody(_Guarded, CompletionRequest):
+    pass
+
+
+MODELS = {"chat": ChatBody, "completions": CompletionBody}
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
@@ -81,6 +104,8 @@ def validation_error(err: RequestValidationError | ValidationError | VLLMValidat
         return APIError(400, "Request body must be a JSON object.")
     where = ".".join(loc)
     param = loc[0] if loc else None  # OpenAI names the top-level parameter; the message has the path
+    if not loc:
+        return APIError(400, f"Invalid request body: {first.get('msg')}")
     if kind == "missing":
         return APIError(400, f"Missing required parameter: '{where}'.", param=param)
     return APIError(400, f"Invalid value for '{where}': {first.get('msg')}", param=param)

@@ -53,6 +53,10 @@ def test_valid_chat_and_completion_parse():
         ({"model": MODEL, "prompt": [[]]}, "completions", 400, "prompt", "empty"),
         ({"model": MODEL, "prompt": [10**9]}, "completions", 400, "prompt", "vocabulary"),
         ({"model": MODEL, "prompt": ["a"] * 5}, "completions", 400, "prompt", "at most 4"),
+        # vLLM's own validators raise TypeError on these (found by the fuzz run): 400, not 500.
+        ({"model": MODEL, "messages": None, "max_tokens": 2}, "chat", 400, None, "malformed"),
+        ({"model": MODEL, "messages": True}, "chat", 400, None, "malformed"),
+        ({"model": MODEL, "messages": 6695608905}, "chat", 400, None, "malformed"),
     ],
 )
 def test_rejections_carry_status_and_param(payload, kind, status, param, fragment):

@@ -58,7 +58,9 @@ def _markdown(r: dict) -> str:
               f"{o['offered_rps']:.2f} req/s = {r['offered_over_capacity']:.1f}x for {o['duration_s']:.0f} s.",
               f"- Overload: sent {o['sent']} = completed {o['completed']} + rejected {o['rejected']} "
               f"({o['rejections_with_retry_after']} with Retry-After) + refused (4xx) {o['refused_4xx']} + "
-              f"aborted {o['aborted']} + failed {o['failed']}; lost {o['lost']}. RSS growth: {growth}.",
+              f"aborted {o['aborted']} + failed {o['failed']}; lost {o['lost']}. RSS growth from "
+              f"{o['rss_growth_measured_from_s']:.0f} s into the run to its end: {growth} (before the run: "
+              + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in o["rss_before_bytes"].items() if v) + ").",
               f"- Aborted streams: {a['aborted']} hung up after their first chunk; in flight afterwards "
               f"{a['inflight_after']}, on replicas {a['on_replicas_after']}.",
               f"- Hostile template: {h['status']} in {h['seconds']:.3f} s ({h['message']!r}); the other stream's "
