@@ -375,7 +375,7 @@ class Router:
                 flight.late.cancel()
             self._ledgers[decision.pool].drop(ticket.request_id)
             raise
-        if flight.late is not None and not predict_all:
+        if flight.late is not None and not (predict_all or not trusted):
             flight.late.cancel()  # dispatched before its prediction landed: no longer needed
         return await self._relay(flight, gate, body, kind)
 
@@ -384,7 +384,6 @@ class Router:
         if not flight.ticket.queued:
             self._queue_metrics.waited(flight.decision.pool, 0.0)
             return
-        reordered = gate.queue.stats.reordered
         waited = time.monotonic()
         try:
             await gate.wait(flight.ticket, self._limits["request_timeout_s"])
@@ -394,7 +393,7 @@ class Router:
         flight.queued_s = time.monotonic() - waited
         pool = flight.decision.pool
         self._queue_metrics.waited(pool, flight.queued_s)
-        self._queue_metrics.reordered(pool, gate.queue.stats.reordered - reordered)
+        self._queue_metrics.reordered(pool, gate.queue.stats.reordered)
         self._queue_metrics.waiting(pool, len(gate.queue))
 
     async def _predict_beside(self, flight: _InFlight, gate: PoolGate, body) -> None:

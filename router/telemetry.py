@@ -74,6 +74,7 @@ class QueueMetrics:
         )
         self._rejected = Counter("lengthserve_queue_rejected", "Requests refused with 429: queue full",
                                  tag_keys=("pool",))
+        self._reported_reorders: dict[str, int] = {}
 
     def waiting(self, pool: str, count: int) -> None:
         self._waiting.set(count, {"pool": pool})
@@ -81,9 +82,12 @@ class QueueMetrics:
     def waited(self, pool: str, seconds: float) -> None:
         self._wait_ms.observe(seconds * 1000, {"pool": pool})
 
-    def reordered(self, pool: str, count: int) -> None:
-        if count:
-            self._reordered.inc(count, {"pool": pool})
+    def reordered(self, pool: str, total: int) -> None:
+        """The queue's running count of reorders; the counter gets what is new since the last call."""
+        new = total - self._reported_reorders.get(pool, 0)
+        self._reported_reorders[pool] = total
+        if new > 0:
+            self._reordered.inc(new, {"pool": pool})
 
     def rejected(self, pool: str) -> None:
         self._rejected.inc(1, {"pool": pool})
