@@ -60,33 +60,40 @@ def rss() -> dict[str, int | None]:
             "predictor": process_rss("ServeReplica:lengthserve:length-predictor")}
 
 
-async def _one(client: httpx.AsyncClient, kind: str, model: str, rng: random.Random) -> str:
+async def _one(client: httpx.AsyncClient, kind: str, model: str, rng: random.Random,
+               failures: Counter | None = None) -> str:
     try:
         if kind == "abusive":
             path, body = _abusive(model, rng)
             r = await (client.post(path, content=body) if isinstance(body, bytes) else client.post(path, json=body))
-            return _outcome(r)
+            return _outcome(r, failures)
         body = _chat(model, rng.choice(NORMAL), max_tokens=rng.choice([8, 32, 64]))
         if kind == "normal":
-            return _outcome(await client.post("/v1/chat/completions", json=body))
+            return _outcome(await client.post("/v1/chat/completions", json=body), failures)
         async with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
             if r.status_code != 200:
                 await r.aread()
-                return _outcome(r)
+                return _outcome(r, failures)
             async for line in r.aiter_lines():
                 if kind == "aborted" and line.startswith("data: "):
                     return "aborted"  # hang up after the first chunk
             return "completed"
-    except (httpx.HTTPError, asyncio.TimeoutError):
+    except (httpx.HTTPError, asyncio.TimeoutError) as e:
+        if failures is not None:
+            failures[f"{kind}: {type(e).__name__}"] += 1
         return "failed"
 
 
-def _outcome(r: httpx.Response) -> str:
+def _outcome(r: httpx.Response, failures: Counter | None = None) -> str:
     if r.status_code < 300:
         return "completed"
-    if r.status_code in (429, 503):
-        return "rejected" if r.headers.get("retry-after") else "rejected_without_retry_after"
-    return "refused" if r.status_code < 500 else "failed"
+    if r.status_code in (429, 503) and r.headers.get("retry-after"):
+        return "rejected"
+    if r.status_code < 500 and r.status_code != 429:
+        return "refused"
+    if failures is not None:
+        failures[f"{r.status_code}: {r.text[:120]}"] += 1
+    return "rejected_without_retry_after" if r.status_code in (429, 503) else "failed"
 
 
 async def closed_loop_rps(base_url: str, model: str, concurrency: int, seconds: float, headers: dict) -> float:
@@ -117,14 +124,18 @@ async def overload(base_url: str, model: str, rate_rps: float, seconds: float, h
     weights = [k.share for k in MIX]
     before_rss, warm_rss = rss(), None
     tasks: list[asyncio.Task] = []
+    failures: Counter = Counter()
     t0 = time.monotonic()
+    due = 0.0  # the next arrival, on an absolute schedule: a client that falls behind catches up
     async with httpx.AsyncClient(base_url=base_url, timeout=grace_s, headers=headers,
-                                 limits=httpx.Limits(max_connections=2000)) as client:
-        while (now := time.monotonic()) - t0 < seconds:
-            if warm_rss is None and now - t0 >= warmup_s:
+                                 limits=httpx.Limits(max_connections=4000)) as client:
+        while due < seconds:
+            if (lag := t0 + due - time.monotonic()) > 0:
+                await asyncio.sleep(lag)
+            if warm_rss is None and due >= warmup_s:
                 warm_rss = rss()
-            tasks.append(asyncio.create_task(_one(client, rng.choices(kinds, weights)[0], model, rng)))
-            await asyncio.sleep(rng.expovariate(rate_rps))
+            tasks.append(asyncio.create_task(_one(client, rng.choices(kinds, weights)[0], model, rng, failures)))
+            due += rng.expovariate(rate_rps)
         done, pending = await asyncio.wait(tasks, timeout=grace_s)
         for task in pending:
             task.cancel()
@@ -137,6 +148,7 @@ async def overload(base_url: str, model: str, rate_rps: float, seconds: float, h
         "completed": outcomes["completed"], "rejected": outcomes["rejected"] + outcomes["rejected_without_retry_after"],
         "rejections_with_retry_after": outcomes["rejected"], "refused_4xx": outcomes["refused"],
         "aborted": outcomes["aborted"], "failed": outcomes["failed"], "lost": len(pending),
+        "failures": dict(failures.most_common(10)), "sent_over_s": round(time.monotonic() - t0, 1),
         "rss_before_bytes": before_rss, "rss_start_bytes": start_rss, "rss_end_bytes": end_rss,
         "rss_growth": growth, "rss_growth_measured_from_s": warmup_s if warm_rss else 0.0,
     }
