@@ -52,7 +52,7 @@ def run(setup: Setup, trace: list[TraceRequest], policy: str, replicas: int, mod
                               setup.max_prompt_tokens, known_lengths(trace, policy, noise, seed))
     spec = spec.model_copy(update={"replica_choice": replica_choice})
     router = SimRouter(
-        policy, config.router.fallback_policy, bins, config.router.input_edges if len(spec.pools) > 1 else [],
+        policy, config.router.fallback_policy, bins, setup.input_edges if len(spec.pools) > 1 else [],
         spec.replicas, spec.capacities(), config.router.spillover, config.model.max_model_len, seed=seed,
         order=order or setup.queue_order, shortest_first=config.router.shortest_first, rank_by=rank_by or config.router.rank_by,
         waiting_per_slot=config.router.queue.max_waiting_per_slot if mode == "open" and bounded_queue else None,

@@ -25,6 +25,10 @@ from router.admission import QueueOrder
 from router.length_bins import PoolBins, training_quantile
 
 SINGLE_POOL = "default"
+# The paper's length pools, for the pool policies when ray_config.yaml runs a single pool, and the
+# prompt-token edges of input_length between them (tertiles of the training prompts).
+LENGTH_POOLS = ("short", "medium", "long")
+LENGTH_INPUT_EDGES = [64, 100]
 
 
 @dataclass
@@ -32,15 +36,17 @@ class Setup:
     config: StackConfig
     model: StepTimeModel
     limits: EngineLimits
-    pool_bins: PoolBins  # output edges: from the ESTP head, as the stack's default head sets them
+    pool_bins: PoolBins  # the length pools' output edges: from the ESTP head, as the stack's default head sets them
     head_bins: dict[str, LengthBins]
     predictions: dict[str, dict[str, LengthPrediction]]  # head -> prompt_id -> prediction
     calibration: dict
     queue_order: QueueOrder = QueueOrder()  # the router's admission queue (router.queue)
+    input_edges: list[int] | None = None  # input_length's prompt-token edges between the length pools
 
     @property
     def pools(self) -> list[str]:
-        return [p.name for p in self.config.pools]
+        """The length pools the pool policies route over (ray_config.yaml's, if it lists several)."""
+        return list(self.pool_bins.names)
 
     @property
     def max_prompt_tokens(self) -> int:
@@ -109,8 +115,9 @@ def load_setup(calibration: Path = CALIBRATION) -> Setup:
     limits = EngineLimits(max_num_seqs=lim["max_num_seqs"], max_num_batched_tokens=lim["max_num_batched_tokens"],
                           kv_cache_tokens=lim["kv_cache_tokens"], shortest_first=config.router.shortest_first)
     metas = {name: load_checkpoint(DEFAULT_CHECKPOINTS / name / "head")[1] for name in CHECKPOINTS}
-    names = [p.name for p in config.pools]
-    edges = config.router.output_edges
+    several = len(config.pools) > 1
+    names = [p.name for p in config.pools] if several else list(LENGTH_POOLS)
+    edges = config.router.output_edges if several else None
     pool_bins = PoolBins(tuple(names), tuple(edges)) if edges is not None else \
         PoolBins.from_quantiles(names, metas["estp"].bins)
     return Setup(
@@ -118,4 +125,5 @@ def load_setup(calibration: Path = CALIBRATION) -> Setup:
         head_bins={name: meta.bins for name, meta in metas.items()},
         predictions={name: load_cache(name) for name in CHECKPOINTS}, calibration=cal,
         queue_order=config.router.queue.order(training_quantile(metas["estp"].bins, 0.5)),
+        input_edges=(config.router.input_edges if several else None) or LENGTH_INPUT_EDGES,
     )
