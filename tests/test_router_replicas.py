@@ -38,3 +38,16 @@ def test_the_ledger_follows_requests_to_their_replicas_and_takes_late_prediction
     ledger.completed("ray-a")
     ledger.drop("b")
     assert ledger.snapshot() == {}
+
+
+def test_the_replica_router_ranks_replicas_by_requests_in_flight():
+    from types import SimpleNamespace
+
+    from router.replica_router import LedgerRequestRouter
+
+    ledger = ReplicaLedger()
+    for i, replica in enumerate(["a", "a", "a", "b", "c", "c"]):
+        ledger.routed(f"q{i}", f"ray-{i}", replica)
+    replicas = [SimpleNamespace(replica_id=SimpleNamespace(unique_id=u)) for u in ("a", "b", "c", "d")]
+    ranked = LedgerRequestRouter._least_inflight(SimpleNamespace(_ledger=ledger), replicas)
+    assert [group[0].replica_id.unique_id for group in ranked] == ["d", "b", "c", "a"]
