@@ -1,4 +1,4 @@
-"""Length-predictor accuracy by k-fold cross-validation: the paper's Tables 2, 3, 6, Figures 5, 6.
+"""Length-predictor accuracy by k-fold cross-validation: the paper's Tables 2, 3, 6, 8, Figures 5, 6.
 
 Every method (ESTP, EGTP, average pooling, last token, TRAIL, SSJF-Reg, SSJF-MC, LTR-C, and the
 TF-IDF text baselines), ESTP's ablations, its lambda sweep and the attempts to train it toward the
@@ -39,7 +39,7 @@ from benchmarks.accuracy.variants import VARIANTS, Variant, refit, select
 from benchmarks.forelen.build import DEFAULT_OUT
 from benchmarks.forelen.datasheet import ESTP_CHECKPOINT, RESULTS, ceiling, router_pools
 from predictor.dataset import load_samples
-from predictor.estimator import LengthEstimator
+from predictor.estimator import LengthEstimator, encode_prompt
 from predictor.features import FeatureConfig
 from predictor.pooling import pooling_weights
 from predictor.train import (CACHE_DIR, DEFAULT_TRAIL_LAYER, FeatureCache, cached_features, data_version,
@@ -67,6 +67,32 @@ def token_weights(cache: FeatureCache, tokenizer, examples) -> list[dict]:
         features = cached_features(cache.load(e.ids), debias=True)
         out.append({"prompt_id": e.prompt_id, "tokens": [tokenizer.decode([i]) for i in e.ids],
                     **{m: pooling_weights(features, VARIANTS[m].recipe.pooling)[0].tolist() for m in ("estp", "egtp")}})
+    return out
+
+
+def template_parts(tokenizer) -> tuple[int, int]:
+    """(tokens before the user's text, tokens after it) of the chat template: the system prompt
+    before it is the same for every prompt, and under causal attention so are its hidden states."""
+    marker = "lengthserve"
+    ids = encode_prompt(tokenizer, marker)
+    inner = tokenizer(marker, add_special_tokens=False)["input_ids"]
+    start = next(i for i in range(len(ids)) if ids[i:i + len(inner)] == inner)
+    return start, len(ids) - start - len(inner)
+
+
+def weight_shares(cache: FeatureCache, tokenizer, examples) -> dict:
+    """Where ESTP's and EGTP's pooling weight goes, median over prompts: the shared template
+    prefix, the template's closing tokens, the last token, and the effective number of tokens
+    pooled (1 / sum w^2)."""
+    prefix, suffix = template_parts(tokenizer)
+    out: dict = {"prefix_tokens": prefix, "suffix_tokens": suffix,
+                 "prompt_tokens_median": float(np.median([len(e.ids) for e in examples]))}
+    for method in ("estp", "egtp"):
+        rows = []
+        for e in examples:
+            w = pooling_weights(cached_features(cache.load(e.ids), debias=True), VARIANTS[method].recipe.pooling)[0]
+            rows.append([w[:prefix].sum().item(), w[-suffix:].sum().item(), w[-1].item(), 1 / (w ** 2).sum().item()])
+        out[method] = dict(zip(("prefix", "suffix", "last", "effective_tokens"), np.median(rows, axis=0).tolist()))
     return out
 
 
@@ -134,10 +160,20 @@ def evaluate(variants: dict[str, Variant], corpus: Corpus, inputs: Inputs, pools
     preds = {n: runs[n][0] for n in candidates}
     tests = paired_tests("estp", {n: preds[n] for n in result["methods"]}, corpus) if "estp" in result["methods"] else {}
     if best != "estp":
-        tests.update(paired_tests(best, {n: preds[n] for n in [best, *result["methods"]]}, corpus))
+        tests.update(paired_tests(best, preds, corpus))
     result["evaluation"] = {"folds": int(corpus.folds.max()) + 1, "seeds": seeds, "inner_val_fraction": INNER_VAL_FRACTION,
                             "prompts": len(corpus.examples), "best": best, "paired_tests": tests}
     return result
+
+
+def ceiling_pool_accuracy(limits: dict) -> dict:
+    """Per scenario and averaged over them (unweighted, as the methods' avg), routing on the
+    in-sample and on the leave-one-out median."""
+    out = {s: {k: c[f"ceiling_pool_accuracy_{k}"] for k in ("in_sample", "leave_one_out")} for s, c in limits.items()}
+    values = list(out.values())
+    out["avg"] = {k: None if any(v[k] is None for v in values) else float(np.mean([v[k] for v in values]))
+                  for k in ("in_sample", "leave_one_out")}
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -173,11 +209,11 @@ def main(argv: list[str] | None = None) -> dict:
     result.update(
         noise_floor_mae={s: c["noise_floor_mae_in_sample"] for s, c in limits.items()},
         noise_floor_mae_leave_one_out={s: c["noise_floor_mae_leave_one_out"] for s, c in limits.items()},
-        ceiling_pool_accuracy={s: {"in_sample": c["ceiling_pool_accuracy_in_sample"],
-                                   "leave_one_out": c["ceiling_pool_accuracy_leave_one_out"]} for s, c in limits.items()},
+        ceiling_pool_accuracy=ceiling_pool_accuracy(limits),
         ceiling=limits, pools={"names": list(pools.names), "edges": list(pools.edges), "checkpoint": str(args.checkpoint)},
     )
     result["token_weights"] = token_weights(cache, tokenizer, _figure_prompts(splits["test"], scenario))
+    result["weight_shares"] = weight_shares(cache, tokenizer, examples)
     n_samples = len(rows)
     result["dataset"] = {
         "path": str(args.dataset), "version": data_version(args.dataset, settings, n_samples), "samples": n_samples,

@@ -59,6 +59,9 @@ RECIPES = {
     "avg": Recipe(PoolingConfig(method="avg"), "crps+smoothl1"),
     "last": Recipe(PoolingConfig(method="last"), "crps+smoothl1"),
     "trail": Recipe(PoolingConfig(method="last"), "ce", bins=10, trail=True),
+    # The best head by the accuracy benchmark's folds on the embedded model: the last prompt
+    # token's final-layer state, an ensemble of 5 seeds (benchmarks/results/predictor_accuracy.md).
+    "last_ens5": Recipe(PoolingConfig(method="last"), "crps+smoothl1", fit=FitConfig(members=5)),
 }
 
 

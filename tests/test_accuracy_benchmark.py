@@ -44,7 +44,7 @@ def test_outputs_written(result):
     text = (out / "predictor_accuracy.md").read_text()
     for heading in ("Targets", "Table 2", "scenario median (no prompt)", "noise floor, leave-one-out", "p50",
                     "Paired tests", "Table 3", "Pool accuracy", "ceiling, in-sample median", "Coverage",
-                    "Where ESTP does not beat EGTP", "Table 6", "Lambda", "Training toward the ceiling", "Figure 5"):
+                    "Where ESTP does not beat EGTP", "Table 6", "Table 8", "Training toward the ceiling", "Figure 5"):
         assert heading in text
     for plot in ("mae", "lambda", "weights"):
         assert (out / f"predictor_accuracy_{plot}.png").stat().st_size > 0
@@ -83,6 +83,11 @@ def test_overhead_and_token_weights(result):
         assert o[batch]["prefill_ms_per_request"] > 0 and o[batch]["estp_ms_per_request"] > 0
         assert o[batch]["estp_peak_mib"] >= 0 and o[batch]["prompt_tokens"] == [12] * int(batch[-1])
     assert o["estp_over_prefill"] == o["batch_1"]["latency_ratio"] > 0
+    shares = r["weight_shares"]
+    assert (shares["prefix_tokens"], shares["suffix_tokens"]) == (24, 6)  # SmolLM2's system prompt, assistant turn
+    for method in ("estp", "egtp"):
+        m = shares[method]
+        assert 0 <= m["last"] <= m["suffix"] <= 1 and 0 <= m["prefix"] < 1 and m["effective_tokens"] >= 1
     for example in r["token_weights"]:
         assert len(example["tokens"]) == len(example["estp"]) == len(example["egtp"])
         assert sum(example["estp"]) == pytest.approx(1, abs=1e-4) and example["estp"][0] == 0  # sink masked

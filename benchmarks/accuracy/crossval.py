@@ -14,6 +14,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -105,15 +106,17 @@ def _predict_fold(variant: Variant, inputs, corpus: Corpus, pools: PoolBins, spl
     return from_points(match_quantiles(bins.expected(probs).numpy(), reference, train_lengths.numpy()), pools), metrics
 
 
-def cross_validate(variant: Variant, inputs, corpus: Corpus, pools: PoolBins, seed: int,
-                   cache_dir: Path) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+def cross_validate(variant: Variant, inputs_of: Callable[[Variant], object], corpus: Corpus, pools: PoolBins,
+                   seed: int, cache_dir: Path) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """Out-of-fold predictions of every prompt ({field: [P]}) and the mean training metrics over
-    folds, from the cache when this variant, seed and data were run before."""
+    folds, from the cache when this variant, seed and data were run before (then its inputs are
+    not even computed)."""
     key = hashlib.sha256(f"{variant.key()}|{corpus.fingerprint()}|{pools}|{seed}".encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"{key}.npz"
     if path.exists():
         stored = np.load(path)
         return {f: stored[f] for f in FIELDS}, json.loads(str(stored["metrics"]))
+    inputs = inputs_of(variant)
     out = {f: np.zeros(len(corpus.examples)) for f in FIELDS}
     metrics: dict[str, list[float]] = {}
     for fold in range(int(corpus.folds.max()) + 1):
@@ -131,19 +134,20 @@ def cross_validate(variant: Variant, inputs, corpus: Corpus, pools: PoolBins, se
     return out, mean
 
 
-def run_variants(variants: dict[str, Variant], inputs_of, corpus: Corpus, pools: PoolBins, seeds: int,
+def run_variants(variants: dict[str, Variant], inputs_of: Callable[[Variant], object], corpus: Corpus,
+                 pools: PoolBins, seeds: int,
                  cache_dir: Path) -> dict[str, tuple[dict[str, np.ndarray], dict[str, float]]]:
     """{name: ({field: [seeds, P]}, mean training metrics)}; identical variants run once, and the
     text models, which draw no random numbers, with one seed."""
     done: dict[str, tuple] = {}
     results = {}
-    bar = tqdm(total=sum(seeds if v.model == "head" else 1 for v in variants.values()), desc="cross-validation",
-               unit="run")
+    unique = {v.key(): v for v in variants.values()}.values()
+    bar = tqdm(total=sum(seeds if v.model == "head" else 1 for v in unique), desc="cross-validation", unit="run")
     for name, variant in variants.items():
         if variant.key() not in done:
             runs = []
             for seed in range(seeds if variant.model == "head" else 1):
-                runs.append(cross_validate(variant, inputs_of(variant), corpus, pools, seed, cache_dir))
+                runs.append(cross_validate(variant, inputs_of, corpus, pools, seed, cache_dir))
                 bar.update(1)
             done[variant.key()] = ({f: np.stack([r[0][f] for r in runs]) for f in FIELDS},
                                    {k: float(np.mean([r[1][k] for r in runs])) for k in runs[0][1]})

@@ -14,7 +14,7 @@ from benchmarks.accuracy.metrics import CLASSES, LONG_ABOVE, SHORT_BELOW
 STEM = "predictor_accuracy"
 MAE_COLUMNS = (("mae", "MAE"), ("rmse", "RMSE"))
 GROUP_TITLES = {"ablations": "Table 6: ablations",
-                "lambda_sweep": "Lambda sensitivity (lambda on attention S, 1 - lambda on entropy H)",
+                "lambda_sweep": "Table 8: lambda sensitivity (lambda on attention S, 1 - lambda on entropy H)",
                 "toward_ceiling": "Training toward the ceiling: multi-sample targets, regularisation, views, ensembles"}
 # Issue targets: ESTP within this factor of each scenario's noise floor, and at least this share of
 # the ceiling pool accuracy.
@@ -86,10 +86,7 @@ def _accuracy_tables(result: dict) -> list[str]:
 
 
 def _ceiling(result: dict, scenario: str, kind: str) -> float | None:
-    c = result["ceiling_pool_accuracy"]
-    if scenario == "avg":
-        return _mean([v[kind] for v in c.values()])
-    return c.get(scenario, {}).get(kind)
+    return result["ceiling_pool_accuracy"].get(scenario, {}).get(kind)
 
 
 def _pool_table(result: dict, group: dict[str, dict]) -> list[str]:
@@ -168,37 +165,39 @@ def comparison(result: dict) -> list[str]:
     return [" ".join(lines)]
 
 
-def targets(result: dict) -> list[str]:
-    """The issue's targets for ESTP, each met or missed, from the numbers."""
-    methods = result["methods"]
-    if "estp" not in methods:
-        return ["ESTP was not run."]
-    estp = methods["estp"]
-    best = min(methods, key=lambda n: methods[n]["avg"]["mae"])
-    lines = [f"- Lowest average MAE of all methods: {'met' if best == 'estp' else 'missed'} "
-             f"(ESTP {_pm(estp['avg'])}; lowest {result['labels'][best]} {_pm(methods[best]['avg'])})."]
+def targets(result: dict, name: str) -> list[str]:
+    """The issue's targets for one head (ESTP, or the best head by the folds), each met or
+    missed, from the numbers."""
+    candidates = {**result["methods"], **result["toward_ceiling"]}
+    if name not in candidates:
+        return [f"{name} was not run."]
+    m, label = candidates[name], result["labels"].get(name, name)
+    best = min(candidates, key=lambda n: candidates[n]["avg"]["mae"])
+    lines = [f"- Lowest average MAE of all methods and variants: {'met' if best == name else 'missed'} "
+             f"({label} {_pm(m['avg'])}; lowest {result['labels'].get(best, best)} {_pm(candidates[best]['avg'])})."]
     for other in ("egtp", "avg"):
-        t = _test(result, "estp", other)
+        t = _test(result, name, other)
         if t:
             met = t["p_value"] < SIGNIFICANCE and t["mae_difference"] < 0
             lines.append(f"- Better than {result['labels'][other]} with p < {SIGNIFICANCE}: {'met' if met else 'missed'} "
                          f"(difference {t['mae_difference']:+.1f} ± {t['se']:.1f}, p = {t['p_value']:.3g}).")
+    ratios = []
     for s, floor in result["noise_floor_mae"].items():
-        if floor is None or s not in estp:
-            continue
-        ratio, ratio_multi = estp[s]["mae"] / floor, (estp[s]["mae_multi"] or float("nan")) / floor
-        loo = result["noise_floor_mae_leave_one_out"].get(s)
-        lines.append(f"- {s} within {FLOOR_FACTOR}x of the noise floor ({_num(floor)} in-sample, {_num(loo)} leave-one-out): "
-                     f"{'met' if ratio <= FLOOR_FACTOR else 'missed'} ({ratio:.2f}x on all samples, "
-                     f"{ratio_multi:.2f}x on the multi-sample prompts the floor is measured on).")
-    ceiling = _ceiling(result, "avg", "in_sample")
+        if floor is not None and s in m:
+            ratios.append(f"{s} {m[s]['mae'] / floor:.2f}x ({m[s]['mae_multi'] / floor:.2f}x on its multi-sample prompts; "
+                          f"floor {_num(floor)}, leave-one-out {_num(result['noise_floor_mae_leave_one_out'].get(s))})")
+    met = all(m[s]["mae"] / f <= FLOOR_FACTOR for s, f in result["noise_floor_mae"].items() if f is not None and s in m)
+    lines.append(f"- Every scenario within {FLOOR_FACTOR}x of its (in-sample) noise floor: {'met' if met else 'missed'}: "
+                 + "; ".join(ratios) + ".")
+    ceiling, loo = _ceiling(result, "avg", "in_sample"), _ceiling(result, "avg", "leave_one_out")
     if ceiling:
-        share = estp["avg"]["pool_acc_multi"] / ceiling
-        loo = _ceiling(result, "avg", "leave_one_out")
+        share = m["avg"]["pool_acc_multi"] / ceiling
         lines.append(f"- Pool accuracy at least {CEILING_SHARE:.0%} of the ceiling's: {'met' if share >= CEILING_SHARE else 'missed'} "
-                     f"(ESTP {_pct(estp['avg']['pool_acc_multi'])} on the multi-sample prompts = {share:.0%} of the "
-                     f"in-sample ceiling {_pct(ceiling)}; {estp['avg']['pool_acc_multi'] / loo:.0%} of the "
+                     f"({_pct(m['avg']['pool_acc_multi'])} on the multi-sample prompts = {share:.0%} of the "
+                     f"in-sample ceiling {_pct(ceiling)}; {m['avg']['pool_acc_multi'] / loo:.0%} of the "
                      f"leave-one-out ceiling {_pct(loo)}).")
+    if m["avg"]["coverage_p10_p90"] is not None:
+        lines.append(f"- [p10, p90] coverage: {_pct(m['avg']['coverage_p10_p90'])} (target 80%).")
     return lines
 
 
@@ -207,21 +206,23 @@ def markdown(result: dict) -> str:
     rerun = f"python -m benchmarks.predictor_accuracy --samples {d['samples']}" + (f" --limit {d['limit']}" if d.get("limit") else "")
     best = e["best"]
     lines = [
-        "# Length predictor accuracy (the paper's Tables 2, 3, 6 and Figures 5, 6), cross-validated",
+        "# Length predictor accuracy (the paper's Tables 2, 3, 6, 8 and Figures 5, 6), cross-validated",
         "",
         f"Dataset `{d['version']}`: {d['prompts']} prompts, {d['evaluated_samples']} samples"
         f"{' (limited with --limit)' if d.get('limit') else ''}, all splits. {e['folds']}-fold cross-validation by "
         f"prompt, stratified by scenario: every prompt is predicted by heads trained on the other folds (early "
-        f"stopping and temperature calibration on {e['inner_val_fraction']:.0%} of the training folds), "
+        f"stopping and calibration on {e['inner_val_fraction']:.0%} of the training folds), "
         f"{e['seeds']} training seed(s) per method; MAE is the mean over seeds, ± its standard error clustered by "
         f"prompt. avg = unweighted mean over scenarios. Regenerate with `{rerun}` (the first {d['samples']} samples built).",
         "",
         "## Targets",
         "",
-        *targets(result),
-        f"- Best head by the folds: {result['labels'].get(best, best)} (`{best}`), average MAE "
-        f"{_pm({**result['methods'], **result['toward_ceiling']}[best]['avg'])}.",
+        "ESTP:",
         "",
+        *targets(result, "estp"),
+        "",
+        *([f"The best head by the folds, {result['labels'].get(best, best)} (`{best}`):", "", *targets(result, best), ""]
+          if best != "estp" else []),
         "## Table 2: MAE (± standard error) and RMSE (tokens), expected length",
         "",
         *_error_table(result, result["methods"], "method", floor_rows=True),
@@ -282,6 +283,17 @@ def markdown(result: dict) -> str:
                   f"process's resident peak above its size before the call, so it leaves out the model's weights "
                   f"({o['model_weights_mib']:.0f} MiB), the same for both.", "",
                   *_overhead_table(o)]
+    if "weight_shares" in result:
+        w = result["weight_shares"]
+        lines += ["", "## Figure 6: where the pooling weight goes", "",
+                  f"Median over the {d['prompts']} prompts ({w['prompt_tokens_median']:.0f} tokens each at the median): "
+                  f"the {w['prefix_tokens']} tokens of the chat template's system prompt before the user's text, the same "
+                  f"for every prompt (so, under causal attention, are their hidden states); the {w['suffix_tokens']} "
+                  "template tokens after it, which end in the state the model decodes from; the last token alone; and "
+                  "the effective number of tokens pooled (1 / sum w^2).", "",
+                  *_table(["pooling", "system prompt", "template end", "last token", "effective tokens"],
+                          [[m.upper(), _pct(w[m]["prefix"]), _pct(w[m]["suffix"]), _pct(w[m]["last"]),
+                            f"{w[m]['effective_tokens']:.0f}"] for m in ("estp", "egtp")])]
     lines += ["", f"Figures: `{STEM}_mae.png` (MAE by scenario), `{STEM}_lambda.png`, "
               f"`{STEM}_weights.png` (Figure 6: per-token pooling weights, ESTP vs EGTP)."]
     return "\n".join(lines) + "\n"
@@ -297,12 +309,15 @@ def _pyplot():
 
 
 def plot_mae(result: dict, path: Path) -> None:
+    """Every method's MAE per scenario, and the best head by the folds where it is no method."""
     plt = _pyplot()
-    cols, methods = scenarios_of(result), result["methods"]
+    best = result["evaluation"]["best"]
+    cols, methods = scenarios_of(result), {**result["methods"], best: {**result["methods"], **result["toward_ceiling"]}[best]}
     width = 0.8 / max(len(methods), 1)
-    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(cols), 3.6))
+    fig, ax = plt.subplots(figsize=(4.0 + 1.4 * len(cols), 3.6))
     for i, (name, m) in enumerate(methods.items()):
-        ax.bar(np.arange(len(cols)) + i * width, [m[s]["mae"] for s in cols], width, label=result["labels"][name])
+        ax.bar(np.arange(len(cols)) + i * width, [m[s]["mae"] for s in cols], width, label=result["labels"][name],
+               color=plt.cm.tab20(i % 20))
     for key, label, colour in (("noise_floor_mae", "noise floor (in-sample)", "black"),
                                ("noise_floor_mae_leave_one_out", "noise floor (leave-one-out)", "grey")):
         floor = [(c + 0.4 - width / 2, result[key].get(s)) for c, s in enumerate(cols)]
@@ -311,7 +326,7 @@ def plot_mae(result: dict, path: Path) -> None:
             ax.scatter(*zip(*floor), marker="_", s=600, color=colour, label=label, zorder=3)
     ax.set_xticks(np.arange(len(cols)) + 0.4 - width / 2, cols)
     ax.set(ylabel="MAE (tokens)", title="Cross-validated MAE by scenario")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -89,7 +89,7 @@ VARIANTS: dict[str, Variant] = {
                              "ESTP + average + last token"),
     "estp_last_ens5": Variant(refit(replace(_ESTP, pooling=_views("estp", "last")), members=5), "toward_ceiling",
                               "ESTP + last token, ensemble of 5"),
-    "last_ens5": Variant(refit(RECIPES["last"], members=5), "toward_ceiling", "last token, ensemble of 5"),
+    "last_ens5": Variant(RECIPES["last_ens5"], "toward_ceiling", "last token, ensemble of 5"),
 }
 
 
