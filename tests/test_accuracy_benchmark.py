@@ -79,10 +79,12 @@ def test_json_shape_and_metric_sanity(result):
 def test_overhead_and_token_weights(result):
     r, _ = result
     o = r["overhead"]
+    assert o["predictors"][0] == "estp" and set(o["predictors"]) == {"estp", r["evaluation"]["best"]}
     for batch in ("batch_1", "batch_2"):
-        assert o[batch]["prefill_ms_per_request"] > 0 and o[batch]["estp_ms_per_request"] > 0
-        assert o[batch]["estp_peak_mib"] >= 0 and o[batch]["prompt_tokens"] == [12] * int(batch[-1])
-    assert o["estp_over_prefill"] == o["batch_1"]["latency_ratio"] > 0
+        for name in o["predictors"]:
+            assert o[batch]["prefill_ms_per_request"] > 0 and o[batch][f"{name}_ms_per_request"] > 0
+            assert o[batch][f"{name}_peak_mib"] >= 0 and o[batch]["prompt_tokens"] == [12] * int(batch[-1])
+    assert o["estp_over_prefill"] == o["batch_1"]["estp_latency_ratio"] > 0
     shares = r["weight_shares"]
     assert (shares["prefix_tokens"], shares["suffix_tokens"]) == (24, 6)  # SmolLM2's system prompt, assistant turn
     for method in ("estp", "egtp"):

@@ -3,8 +3,9 @@
 Both sides run the same micro-batches of the same token ids on the same model, interleaved
 repeat by repeat so that load from other processes hits both alike; medians over repeats.
 "Plain prefill" is what a serving engine computes before the first token: the forward pass with
-logits for the last position only. "ESTP" is the real serving path, `LengthEstimator.predict`:
-its own forward with full-vocabulary entropy and final-layer attention, pooling and the head.
+logits for the last position only. A predictor is the real serving path, `LengthEstimator.predict`:
+its own forward with the features its head reads (for ESTP full-vocabulary entropy and final-layer
+attention; for a last-token head none beyond the hidden states), pooling and the head.
 
 Peak memory is the process's peak resident size above its size before the call (Linux: the
 high-water mark is reset through /proc/self/clear_refs). glibc would otherwise keep freed
@@ -59,10 +60,13 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def measure(estimator: LengthEstimator, prompts: list[list[int]], batch_sizes=(1, 8), repeats: int = 5) -> dict:
-    """Latency per request and peak memory, ESTP vs plain prefill, for each batch size (the first
-    prompts of `prompts`)."""
-    sides = {"prefill": lambda ids: plain_prefill(estimator, ids), "estp": estimator.predict}
+def measure(predictors: dict[str, LengthEstimator], prompts: list[list[int]], batch_sizes=(1, 8),
+            repeats: int = 5) -> dict:
+    """Latency per request and peak memory of each predictor (heads on one model) vs a plain
+    prefill, for each batch size (the first prompts of `prompts`); all sides interleaved in one
+    timing loop, since the memory probe afterwards changes the allocator for good."""
+    first = next(iter(predictors.values()))
+    sides = {"prefill": lambda ids: plain_prefill(first, ids), **{n: e.predict for n, e in predictors.items()}}
     batches = {b: prompts[:b] for b in dict.fromkeys(batch_sizes) if b <= len(prompts)}
     for fn in sides.values():  # warm-up: first calls pay one-off allocations and kernel selection
         fn(prompts[:1])
@@ -72,17 +76,19 @@ def measure(estimator: LengthEstimator, prompts: list[list[int]], batch_sizes=(1
             for side, fn in sides.items():
                 seconds[(b, side)].append(_timed(lambda: fn(ids)))
     ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 1 << 16)
-    out: dict = {}
+    out: dict = {"predictors": list(predictors)}
     for b, ids in batches.items():
         row = {"prompt_tokens": [len(s) for s in ids]}
         for side, fn in sides.items():
             row[f"{side}_ms_per_request"] = 1e3 * statistics.median(seconds[(b, side)]) / b
             row[f"{side}_peak_mib"] = peak_memory_bytes(lambda: fn(ids)) / 2 ** 20
-        row["latency_ratio"] = row["estp_ms_per_request"] / row["prefill_ms_per_request"]
-        row["memory_ratio"] = row["estp_peak_mib"] / max(row["prefill_peak_mib"], 1e-9)
+        for name in predictors:
+            row[f"{name}_latency_ratio"] = row[f"{name}_ms_per_request"] / row["prefill_ms_per_request"]
+            row[f"{name}_memory_ratio"] = row[f"{name}_peak_mib"] / max(row["prefill_peak_mib"], 1e-9)
         out[f"batch_{b}"] = row
-    out["estp_over_prefill"] = out[f"batch_{min(batches)}"]["latency_ratio"]
+    for name in predictors:
+        out[f"{name}_over_prefill"] = out[f"batch_{min(batches)}"][f"{name}_latency_ratio"]
     # The peaks above leave out the weights, the same for both sides: the scale to read them against.
-    weights = sum(p.numel() * p.element_size() for p in estimator.model.parameters())
+    weights = sum(p.numel() * p.element_size() for p in first.model.parameters())
     out.update(repeats=repeats, threads=torch.get_num_threads(), model_weights_mib=weights / 2 ** 20)
     return out

@@ -120,15 +120,17 @@ def _paired_table(result: dict, reference: str) -> list[str]:
                    "p (Wilcoxon)", "p50 MAE difference", "p (p50, paired t)"], rows)
 
 
-def _overhead_table(overhead: dict) -> list[str]:
+def _overhead_table(overhead: dict, labels: dict) -> list[str]:
     rows = []
     for key, row in overhead.items():
         if key.startswith("batch_"):
-            rows.append([key.removeprefix("batch_"), f"{row['prefill_ms_per_request']:.1f}",
-                         f"{row['estp_ms_per_request']:.1f}", f"{row['latency_ratio']:.2f}",
-                         f"{row['prefill_peak_mib']:.0f}", f"{row['estp_peak_mib']:.0f}", f"{row['memory_ratio']:.2f}"])
-    return _table(["batch", "prefill ms/request", "ESTP ms/request", "latency ratio", "prefill peak MiB",
-                   "ESTP peak MiB", "memory ratio"], rows)
+            for name in overhead["predictors"]:
+                rows.append([key.removeprefix("batch_"), labels.get(name, name), f"{row['prefill_ms_per_request']:.1f}",
+                             f"{row[f'{name}_ms_per_request']:.1f}", f"{row[f'{name}_latency_ratio']:.2f}",
+                             f"{row['prefill_peak_mib']:.0f}", f"{row[f'{name}_peak_mib']:.0f}",
+                             f"{row[f'{name}_memory_ratio']:.2f}"])
+    return _table(["batch", "predictor", "prefill ms/request", "predictor ms/request", "latency ratio",
+                   "prefill peak MiB", "predictor peak MiB", "memory ratio"], rows)
 
 
 def _test(result: dict, a: str, b: str) -> dict | None:
@@ -278,11 +280,12 @@ def markdown(result: dict) -> str:
         lines += ["", "## Figure 5: predictor overhead against a plain prefill", "",
                   f"Median of {o['repeats']} repeats, {o['threads']} CPU thread(s), the same prompts side by side "
                   f"({prompts}). "
-                  "Plain prefill computes last-position logits only; ESTP runs its own forward with "
-                  "full-vocabulary entropy and final-layer attention, then pooling and the head. Peak memory is the "
-                  f"process's resident peak above its size before the call, so it leaves out the model's weights "
-                  f"({o['model_weights_mib']:.0f} MiB), the same for both.", "",
-                  *_overhead_table(o)]
+                  "Plain prefill computes last-position logits only; a predictor runs its own forward with the "
+                  "features its head reads (ESTP: full-vocabulary entropy and final-layer attention; a last-token "
+                  "head: the hidden states only), then pooling and the head. Peak memory is the process's resident "
+                  f"peak above its size before the call, so it leaves out the model's weights "
+                  f"({o['model_weights_mib']:.0f} MiB), the same for all.", "",
+                  *_overhead_table(o, result["labels"])]
     if "weight_shares" in result:
         w = result["weight_shares"]
         lines += ["", "## Figure 6: where the pooling weight goes", "",
