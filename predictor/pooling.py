@@ -17,7 +17,7 @@ Two choices the paper leaves open, made here:
 
 Combined views (`method="concat"`): the pooled vectors of several methods side by side, e.g. ESTP's
 pooled state next to the last token's state. On the embedded model ESTP spreads its weight over
-~40 tokens and gives the last token about 1.4%, while the last token alone predicts better than
+~38 tokens and gives the last token about 1.3%, while the last token alone predicts better than
 any pooling (benchmarks/results/predictor_accuracy.md): concatenation lets the head read both
 without choosing between them.
 
