@@ -1,1 +1,1 @@
-"""Pieces of benchmarks/predictor_accuracy.py: metrics, method variants, overhead, report."""
+"""Pieces of benchmarks/predictor_accuracy.py: folds, cross-validation, scoring and paired tests, metrics, method variants, the TF-IDF baseline, overhead, report."""
