@@ -12,10 +12,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from router.admission import QueueOrder
-from router.policies import HEADS, KNOWN_LENGTH, POLICIES, PREDICTED, head_of
+from router.policies import DEFAULT_HEAD, HEADS, KNOWN_LENGTH, POLICIES, PREDICTED, head_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CHECKPOINTS = REPO_ROOT / "predictor" / "checkpoints"
+# Each head's committed checkpoint folder (predictor/checkpoints/<folder>/head).
+HEAD_CHECKPOINTS = {"estp": "estp", "egtp": "egtp", "last": "last_ens5"}
+
+
+def head_checkpoint(head: str) -> Path:
+    return DEFAULT_CHECKPOINTS / HEAD_CHECKPOINTS[head] / "head"
 
 
 class _Strict(BaseModel):
@@ -80,8 +86,8 @@ class PredictorSpec(_Strict):
     """The length predictor deployment: the serving model's weights plus a trained head."""
 
     checkpoint: str | None = Field(
-        None, description="head checkpoint path (no suffix), relative to the repo; default "
-        "predictor/checkpoints/<policy>/head for estp/egtp, else the ESTP one",
+        None, description="head checkpoint path (no suffix), relative to the repo; default the "
+        "policy's head (estp, egtp, last: predictor/checkpoints/last_ens5), else the last-token one",
     )
     timeout_s: float = Field(5.0, gt=0, description="longer waits route by the fallback policy")
     max_prompt_tokens: int = Field(
@@ -115,7 +121,7 @@ class PredictorSpec(_Strict):
     def checkpoint_path(self, policy: str) -> Path:
         if self.checkpoint is not None:
             return REPO_ROOT / self.checkpoint
-        return DEFAULT_CHECKPOINTS / (head_of(policy) or "estp") / "head"
+        return head_checkpoint(head_of(policy) or DEFAULT_HEAD)
 
     def heads(self, policy: str, every_predicted: bool) -> dict[str, Path]:
         """Head checkpoints by name; the configured policy's head comes first.
@@ -123,10 +129,10 @@ class PredictorSpec(_Strict):
         `every_predicted` (benchmark headers on) adds every other head, so ESTP and EGTP policies
         can be compared in one run from one shared prefill.
         """
-        first = head_of(policy) or "estp"
+        first = head_of(policy) or DEFAULT_HEAD
         heads = {first: self.checkpoint_path(policy)}
         for other in sorted(HEADS - {first}) if every_predicted else ():
-            heads[other] = DEFAULT_CHECKPOINTS / other / "head"
+            heads[other] = head_checkpoint(other)
         return heads
 
 

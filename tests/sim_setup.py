@@ -21,8 +21,8 @@ def tiny_setup() -> Setup:
     return Setup(
         config=config, model=StepTimeModel(const=0.02, decode_seqs=0.002, prefill_tokens=0.0002, kv_tokens=1e-6),
         limits=EngineLimits(max_num_seqs=64, max_num_batched_tokens=512, kv_cache_tokens=20_000),
-        pool_bins=PoolBins(tuple(POOLS), (50.0, 200.0)), head_bins={"estp": None, "egtp": None},
-        predictions={"estp": {}, "egtp": {}}, calibration={"settings": {"cpus": 2}}, input_edges=[100, 250],
+        pool_bins=PoolBins(tuple(POOLS), (50.0, 200.0)), head_bins={"estp": None, "egtp": None, "last": None},
+        predictions={"estp": {}, "egtp": {}, "last": {}}, calibration={"settings": {"cpus": 2}}, input_edges=[100, 250],
     )
 
 

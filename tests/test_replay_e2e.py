@@ -35,8 +35,8 @@ def test_open_loop_replay_records_every_request(stack, trace, actors):
     tally = account(trace, records)
     assert (tally.lost, tally.failed, tally.completed) == (0, 0, len(trace)), [r.error for r in records]
     for r, req in zip(sorted(records, key=lambda r: r.request_id), trace):
-        assert r.request_id == req.request_id and r.policy == "estp_work" and r.pool in POOLS
-        assert r.routed_policy == "estp_work" and 0 < r.completion_tokens <= 12
+        assert r.request_id == req.request_id and r.policy == "last_work" and r.pool in POOLS
+        assert r.routed_policy == "last_work" and 0 < r.completion_tokens <= 12
         # Six requests never fill the slots: none waits, so none needs (or gets) a prediction.
         assert r.queued_s == 0 and r.predicted_tokens is None
         assert r.arrival_s <= r.sent_s < r.first_token_s <= r.finish_s

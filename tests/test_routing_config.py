@@ -21,21 +21,22 @@ def _default_args() -> dict:
 def test_default_config_is_one_pool_behind_the_shortest_first_queue():
     config = StackConfig.model_validate(_default_args())
     assert [p.name for p in config.pools] == ["default"] and config.pools[0].saturation() == 32
-    assert config.router.policy == "estp_work" and config.router.fallback_policy == "ray_default"
+    assert config.router.policy == "last_work" and config.router.fallback_policy == "ray_default"
     assert config.router.queue.max_overtake_s == 300 and config.predictor.predict == "waiting"
+    assert config.predictor.checkpoint_path("last_work") == DEFAULT_CHECKPOINTS / "last_ens5" / "head"
     assert config.predictor.checkpoint_path("estp_work") == DEFAULT_CHECKPOINTS / "estp" / "head"
     assert config.predictor.checkpoint_path("egtp_work") == DEFAULT_CHECKPOINTS / "egtp" / "head"
     assert config.predictor.checkpoint_path("estp") == DEFAULT_CHECKPOINTS / "estp" / "head"
     assert config.predictor.checkpoint_path("egtp") == DEFAULT_CHECKPOINTS / "egtp" / "head"
-    assert config.predictor.checkpoint_path("round_robin") == DEFAULT_CHECKPOINTS / "estp" / "head"
+    assert config.predictor.checkpoint_path("round_robin") == DEFAULT_CHECKPOINTS / "last_ens5" / "head"
     assert not config.router.benchmark_headers
     assert config.predictor.heads("estp_work", every_predicted=False) == {"estp": DEFAULT_CHECKPOINTS / "estp" / "head"}
-    assert list(config.predictor.heads("round_robin", every_predicted=True)) == ["estp", "egtp"]
-    assert list(config.predictor.heads("egtp", every_predicted=True)) == ["egtp", "estp"]
+    assert list(config.predictor.heads("round_robin", every_predicted=True)) == ["last", "egtp", "estp"]
+    assert list(config.predictor.heads("egtp", every_predicted=True)) == ["egtp", "estp", "last"]
 
 
 def test_default_checkpoints_exist_for_both_predicted_policies():
-    for method in ("estp", "egtp"):
+    for method in ("estp", "egtp", "last_ens5"):
         assert (DEFAULT_CHECKPOINTS / method / "head.safetensors").exists()
         assert (DEFAULT_CHECKPOINTS / method / "head.json").exists()
 
@@ -81,7 +82,7 @@ def test_cpu_engines_share_the_cores_and_priority_scheduling_is_switchable(monke
     assert "scheduling_policy" not in llm_config(config.model, pool, priority_scheduling=False).engine_kwargs
 
 
-@pytest.mark.parametrize("policy", ["estp", "egtp"])
+@pytest.mark.parametrize("policy", ["estp", "egtp", "last"])
 def test_checkpoints_load_for_the_serving_model_and_give_three_pools(policy):
     from deployments.app import _checkpoint_meta
     from router.length_bins import PoolBins

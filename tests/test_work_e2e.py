@@ -1,4 +1,4 @@
-"""The default stack's queue end to end: one pool of two replicas, policy estp_work, aging bound 5 s.
+"""The default stack's queue end to end: one pool of two replicas, policy last_work, aging bound 5 s.
 
 Every slot (max_ongoing_requests x replicas) is filled with holders: streams that ignore EOS and
 would run for minutes; they are hung up one at a time to free exactly one slot. Requests sent
@@ -85,7 +85,7 @@ async def _queue_scenario(stack, first: str, second: str, gap_s: float) -> list[
                 async with client.stream("POST", "/v1/chat/completions",
                                          json=_chat(stack, content, max_tokens=600, stream=True)) as r:
                     order.append(label)  # it holds a slot now; hanging up gives the slot back
-                    assert float(r.headers["x-queue-ms"]) > 0 and r.headers["x-routing-policy"] == "estp_work"
+                    assert float(r.headers["x-queue-ms"]) > 0 and r.headers["x-routing-policy"] == "last_work"
 
             tasks = [asyncio.create_task(waiter("first", first))]
             await asyncio.sleep(gap_s)
@@ -107,8 +107,8 @@ async def _queue_scenario(stack, first: str, second: str, gap_s: float) -> list[
 def test_the_default_policy_serves_every_kind_of_request(client, stack):
     r = client.chat.completions.with_raw_response.create(
         model=stack.model, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8)
-    assert r.headers["x-routing-policy"] == "estp_work" and r.headers["x-pool"] == "default"
-    assert r.parse().to_dict()["routing"]["policy"] == "estp_work"
+    assert r.headers["x-routing-policy"] == "last_work" and r.headers["x-pool"] == "default"
+    assert r.parse().to_dict()["routing"]["policy"] == "last_work"
     stream = client.completions.create(model=stack.model, prompt="One, two, three,", max_tokens=6, stream=True)
     assert "".join(c.choices[0].text for c in stream if c.choices)
 

@@ -103,7 +103,7 @@ def main(argv=None) -> None:
     r.add_argument("--n", type=int, default=64, help="requests of the queueing trace")
     r.add_argument("--rate", type=float, default=2.0, help="its arrival rate, requests/s (a burst over the slots)")
     r.add_argument("--max-tokens", type=int, default=512)
-    r.add_argument("--policies", nargs="+", default=["ray_default", "estp_work"])
+    r.add_argument("--policies", nargs="+", default=["ray_default", "estp_work", "last_work"])
     r.add_argument("--repeats", type=int, default=3)
     r.add_argument("--actors", type=int, default=2)
     r.add_argument("--seed", type=int, default=0)

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 
 BASELINE = "ray_default"
-SHOWN = ("round_robin", "input_length", "egtp", "estp", "oracle", "egtp_work", "estp_work", "oracle_work", "ceiling")
+SHOWN = ("round_robin", "input_length", "egtp", "estp", "last", "oracle", "egtp_work", "estp_work", "last_work",
+         "oracle_work", "ceiling")
 TARGET_SIZES = ("100", "1000")
 
 
@@ -83,10 +84,10 @@ def _design_lines(design: dict) -> list[str]:
                              f"| {_pct(change(m['short_p99_jct_s'], base['short_p99_jct_s']))} "
                              f"| {m['reordered_share']:.0%} |")
         lines.append("")
-    lines += ["Ranking statistic `router.rank_by` (estp_work):", "", "| workload | mean | p50 | p90 |", "|---|---|---|---|"]
+    lines += ["Ranking statistic `router.rank_by` (last_work):", "", "| workload | mean | p50 | p90 |", "|---|---|---|---|"]
     for where, by_policy in design["rank_by"].items():
         base = design["baseline"][where]["mean_jct_s"]
-        cells = [_pct(change(by_policy["estp_work"][s]["mean_jct_s"], base)) for s in ("mean", "p50", "p90")]
+        cells = [_pct(change(by_policy["last_work"][s]["mean_jct_s"], base)) for s in ("mean", "p50", "p90")]
         lines.append(f"| {where} (mean JCT vs {BASELINE}) | " + " | ".join(cells) + " |")
     lines += ["", "Replica choice inside the pool (mean JCT / p99 against Ray's power of two choices, same policy):", "",
               "| workload | policy | least_inflight | pow2_work | pow2_running |", "|---|---|---|---|---|"]
@@ -118,11 +119,13 @@ def _real_lines(real: dict) -> list[str]:
         lines.append(f"| {p} | {_spread(col('mean_jct_s'))} | {_spread(col('p99_jct_s'))} | "
                      f"{_spread(col('short_p99_jct_s'))} | {_spread(col('mean_ttft_s'))} | "
                      f"{_spread(col('throughput_tok_s'))} | {np.mean(col('queued_share')):.0%} |")
-    if "estp_work" in policies and BASELINE in policies:
-        wins = [r["estp_work"]["mean_jct_s"] < r[BASELINE]["mean_jct_s"] for r in repeats]
-        deltas = [change(r["estp_work"]["mean_jct_s"], r[BASELINE]["mean_jct_s"]) for r in repeats]
-        lines += ["", f"estp_work beats {BASELINE}'s mean JCT in {sum(wins)} of {len(wins)} repeats "
-                  f"({', '.join(_pct(d) for d in deltas)}): target {'held' if all(wins) else 'missed'}."]
+    for policy in [p for p in policies if p != BASELINE and BASELINE in policies]:
+        wins = [r[policy]["mean_jct_s"] < r[BASELINE]["mean_jct_s"] for r in repeats]
+        deltas = [change(r[policy]["mean_jct_s"], r[BASELINE]["mean_jct_s"]) for r in repeats]
+        p99 = [change(r[policy]["p99_jct_s"], r[BASELINE]["p99_jct_s"]) for r in repeats]
+        lines += ["", f"{policy} beats {BASELINE}'s mean JCT in {sum(wins)} of {len(wins)} repeats "
+                  f"({', '.join(_pct(d) for d in deltas)}; p99 {', '.join(_pct(d) for d in p99)}): "
+                  f"target {'held' if all(wins) else 'missed'}."]
     return lines + [""]
 
 
@@ -159,20 +162,8 @@ def markdown(result: dict) -> str:
         q = st.get("prediction_quality_test_split", {})
         quality = ", ".join(f"{h} MAE {v['mae_tokens']:.0f} tokens, pool accuracy {v['pool_accuracy']:.0%}"
                             for h, v in q.items() if isinstance(v, dict) and "mae_tokens" in v)
-        rows = targets(sim)
-        held = sum(r["held"] for r in rows)
-        lines += ["## Targets: estp_work against ray_default (simulated)", "",
-                  f"Predictions on the test split: {quality}. Queue order: {st.get('queue_order')}; "
-                  f"max_ongoing_requests {st.get('max_ongoing_requests')} per replica. {held} of {len(rows)} "
-                  "workloads meet their target (queues: mean JCT -20% or better, short p99 -40% or better, p99 at "
-                  "most +25%, throughput not lower; calm: mean and p99 within 2%).", "",
-                  "| replicas | workload | kind | mean JCT | short p99 | p99 JCT | throughput | held |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            lines.append(f"| {r['size']} | {r['workload']} | {r['kind']} | {_pct(r['mean_jct_s'])} | "
-                         f"{_pct(r['short_p99_jct_s'])} | {_pct(r['p99_jct_s'])} | {_pct(r['throughput_tok_s'])} | "
-                         f"{'yes' if r['held'] else 'no'} |")
-        lines.append("")
+        for policy in ("estp_work", "last_work"):
+            lines += _target_lines(sim, policy, quality, st)
         for size in sim:
             for metric, label in (("mean_jct_s", "mean JCT"), ("short_p99_jct_s", "short-request p99"),
                                   ("p99_jct_s", "p99 JCT")):
@@ -184,6 +175,25 @@ def markdown(result: dict) -> str:
     if result.get("burst"):
         lines += _burst_lines(result["burst"], result["bare_vllm"])
     return "\n".join(lines) + "\n"
+
+
+def _target_lines(sim: dict, policy: str, quality: str, st: dict) -> list[str]:
+    rows = targets(sim, policy)
+    if not rows:
+        return []
+    held = sum(r["held"] for r in rows)
+    lines = [f"## Targets: {policy} against ray_default (simulated)", "",
+             f"Predictions on the test split: {quality}. Queue order: {st.get('queue_order')}; "
+             f"max_ongoing_requests {st.get('max_ongoing_requests')} per replica. {held} of {len(rows)} "
+             "workloads meet their target (queues: mean JCT -20% or better, short p99 -40% or better, p99 at "
+             "most +25%, throughput not lower; calm: mean and p99 within 2%).", "",
+             "| replicas | workload | kind | mean JCT | short p99 | p99 JCT | throughput | held |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['size']} | {r['workload']} | {r['kind']} | {_pct(r['mean_jct_s'])} | "
+                     f"{_pct(r['short_p99_jct_s'])} | {_pct(r['p99_jct_s'])} | {_pct(r['throughput_tok_s'])} | "
+                     f"{'yes' if r['held'] else 'no'} |")
+    return lines + [""]
 
 
 def plot(result: dict, out: Path) -> None:
@@ -200,7 +210,7 @@ def plot(result: dict, out: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), sharey=False)
     for ax, metric, title in ((axes[0], "mean_jct_s", "mean JCT"), (axes[1], "short_p99_jct_s", "short-request p99")):
         x = np.arange(len(workloads))
-        shown = ("estp", "oracle", "estp_work", "oracle_work", "ceiling")
+        shown = ("estp", "oracle", "estp_work", "last_work", "oracle_work", "ceiling")
         width = 0.8 / len(shown)
         for k, p in enumerate(shown):
             ys = [100 * (change(sim[size][w].get(p, {}).get(metric), sim[size][w][BASELINE][metric]) or 0)

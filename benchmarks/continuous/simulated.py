@@ -16,10 +16,11 @@ from __future__ import annotations
 from benchmarks.simulator.scale import SimJob, replica_capacity_rps, simulate_jobs
 from benchmarks.simulator.setup import Setup
 
-POLICIES = ("round_robin", "ray_default", "input_length", "egtp", "estp", "oracle",
-            "egtp_work", "estp_work", "oracle_work", "ceiling")
+POLICIES = ("round_robin", "ray_default", "input_length", "egtp", "estp", "last", "oracle",
+            "egtp_work", "estp_work", "last_work", "oracle_work", "ceiling")
 LAYOUT = {"round_robin": "even", "ray_default": "single", "input_length": "work", "estp": "work", "egtp": "work",
-          "oracle": "work", "estp_work": "single", "egtp_work": "single", "oracle_work": "single", "ceiling": "single"}
+          "last": "work", "oracle": "work", "estp_work": "single", "egtp_work": "single", "last_work": "single",
+          "oracle_work": "single", "ceiling": "single"}
 REPLICAS = (10, 100, 1000)
 LOADS = (0.5, 0.8, 0.95, 1.1)
 ARRIVALS = ("poisson", "azure", "mooncake")
@@ -66,13 +67,13 @@ def design(setup: Setup, workers: int = 2, seed: int = 0, replicas: int = DESIGN
     jobs = {}
     for arrival, load in queueing:
         jobs[("baseline", arrival, load)] = job("ray_default", arrival, load)
-        for policy in ("estp_work", "oracle_work"):
+        for policy in ("last_work", "estp_work", "oracle_work"):
             for s in AGING_S:
                 jobs[("aging", arrival, load, policy, s)] = job(policy, arrival, load, max_overtake_s=s)
         for stat in RANK_BY:
-            jobs[("rank_by", arrival, load, "estp_work", stat)] = job("estp_work", arrival, load, rank_by=stat)
+            jobs[("rank_by", arrival, load, "last_work", stat)] = job("last_work", arrival, load, rank_by=stat)
     for load in (0.8, 0.95, 1.1):
-        for policy in ("ray_default", "estp_work", "oracle_work"):
+        for policy in ("ray_default", "last_work", "oracle_work"):
             for choice in REPLICA_CHOICES:
                 jobs[("replica_choice", "poisson", load, policy, choice)] = job(policy, "poisson", load,
                                                                                 replica_choice=choice)

@@ -57,7 +57,7 @@ def main(argv=None) -> None:
     r.add_argument("--max-tokens", type=int, default=256,
                    help="cap: 3 repeats x 4 policies of a full-length batch take hours on 2 cores")
     r.add_argument("--repeats", type=int, default=3)
-    r.add_argument("--policies", nargs="+", default=["ray_default", "estp", "ceiling", "oracle"])
+    r.add_argument("--policies", nargs="+", default=["ray_default", "estp", "last", "ceiling", "oracle"])
     sub.add_parser("report")
     for sp in (s, r):
         sp.add_argument("--out", type=Path, default=RESULTS)

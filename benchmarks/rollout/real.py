@@ -34,13 +34,15 @@ def rl_batch(prompts: int, n: int, max_tokens: int) -> tuple[list[str], dict[str
     return texts, {"oracle": oracle, "ceiling": ceiling}
 
 
-POLICIES = {"ray_default": "fifo", "estp": "makespan", "ceiling": "makespan", "oracle": "makespan"}
+POLICIES = {"ray_default": "fifo", "estp": "makespan", "last": "makespan", "ceiling": "makespan",
+            "oracle": "makespan"}
+HEAD = {"estp": "estp", "last": "last"}  # the predictor head a policy's predictions come from
 
 
 def run_once(base_url: str, model: str, texts: list[str], known: dict, policy: str, n: int, max_tokens: int,
              headers: dict, timeout_s: float = 3600) -> dict:
     body = {"model": model, "prompts": texts, "n": n, "max_tokens": max_tokens, "schedule": POLICIES[policy],
-            "known_tokens": known.get(policy)}
+            "known_tokens": known.get(policy), "head": HEAD.get(policy)}
     r = httpx.post(f"{base_url}/v1/rollout", json=body, headers=headers, timeout=timeout_s)
     r.raise_for_status()
     samples = r.json()["samples"]

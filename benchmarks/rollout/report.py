@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-SHOWN = ("round_robin", "ray_default", "egtp", "estp", "estp+siblings", "ceiling", "oracle")
+SHOWN = ("round_robin", "ray_default", "egtp", "estp", "estp+siblings", "last", "ceiling", "oracle")
 
 
 def _pct(x: float | None) -> str:
@@ -18,13 +18,13 @@ def _gain(metric: str, policy: dict, base: dict) -> float | None:
     return None if a is None or not b else 1 - a / b
 
 
-def verdict(by_policy: dict, metric: str) -> dict:
-    """ESTP's gain over round-robin as a share of the ceiling's, and whether it regresses on Ray's default."""
+def verdict(by_policy: dict, metric: str, policy: str = "estp") -> dict:
+    """A head's gain over round-robin as a share of the ceiling's, and whether it regresses on Ray's default."""
     rr, rd = by_policy["round_robin"], by_policy["ray_default"]
-    estp, ceiling = _gain(metric, by_policy["estp"], rr), _gain(metric, by_policy["ceiling"], rr)
-    share = None if estp is None or not ceiling or ceiling <= 0 else estp / ceiling
-    regression = by_policy["estp"][metric] > rd[metric] * 1.005
-    return {"estp_gain": estp, "ceiling_gain": ceiling, "share_of_ceiling": share,
+    gain, ceiling = _gain(metric, by_policy[policy], rr), _gain(metric, by_policy["ceiling"], rr)
+    share = None if gain is None or not ceiling or ceiling <= 0 else gain / ceiling
+    regression = by_policy[policy][metric] > rd[metric] * 1.005
+    return {"gain": gain, "ceiling_gain": ceiling, "share_of_ceiling": share,
             "held": share is not None and share >= 0.7 and not regression, "regresses_vs_ray_default": regression}
 
 
@@ -55,15 +55,15 @@ def markdown(result: dict) -> str:
             lines += [f"## {size} replicas, {batch} batch (simulated, {result['simulated_settings']['per_replica']} "
                       "requests per replica)", ""] + _table(by_schedule) + [""]
             for schedule, metric in (("padding", "padding_ratio"), ("makespan", "makespan_s")):
-                if schedule in by_schedule:
-                    v = verdict(by_schedule[schedule], metric)
-                    verdicts.append((size, batch, schedule, v))
+                for policy in ("estp", "last"):
+                    if schedule in by_schedule and policy in by_schedule[schedule]:
+                        verdicts.append((size, batch, schedule, policy, verdict(by_schedule[schedule], metric, policy)))
     if verdicts:
-        lines += ["## Targets", "", "| replicas | batch | schedule | ESTP vs round_robin | ceiling vs round_robin | "
-                  "share of ceiling | regresses vs ray_default | held |", "|---|---|---|---|---|---|---|---|"]
-        for size, batch, schedule, v in verdicts:
+        lines += ["## Targets", "", "| replicas | batch | schedule | head | gain vs round_robin | ceiling vs round_robin | "
+                  "share of ceiling | regresses vs ray_default | held |", "|---|---|---|---|---|---|---|---|---|"]
+        for size, batch, schedule, policy, v in verdicts:
             share = "-" if v["share_of_ceiling"] is None else f"{v['share_of_ceiling']:.0%}"
-            lines.append(f"| {size} | {batch} | {schedule} | {_pct(v['estp_gain'])} | {_pct(v['ceiling_gain'])} | "
+            lines.append(f"| {size} | {batch} | {schedule} | {policy} | {_pct(v['gain'])} | {_pct(v['ceiling_gain'])} | "
                          f"{share} | {'yes' if v['regresses_vs_ray_default'] else 'no'} | "
                          f"{'yes' if v['held'] else 'no'} |")
         lines.append("")

@@ -32,6 +32,7 @@ POLICIES = {
     "egtp": ("egtp_work", "least_work", True, False),
     "estp": ("estp_work", "least_work", True, False),
     "estp+siblings": ("estp_work", "least_work", True, True),
+    "last": ("last_work", "least_work", True, False),
     "ceiling": ("ceiling", "least_work", True, False),
     "oracle": ("oracle_work", "least_work", True, False),
 }

@@ -22,11 +22,11 @@ from pathlib import Path
 
 from benchmarks.forelen.build import DEFAULT_OUT
 from predictor.dataset import load_samples
-from deployments.config import DEFAULT_CHECKPOINTS
+from deployments.config import HEAD_CHECKPOINTS, head_checkpoint
 from predictor.head import LengthPrediction
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-CHECKPOINTS = ("estp", "egtp")
+CHECKPOINTS = tuple(HEAD_CHECKPOINTS)  # every head a policy can read
 
 
 def cache_path(name: str) -> Path:
@@ -34,7 +34,7 @@ def cache_path(name: str) -> Path:
 
 
 def checkpoint_hash(name: str) -> str:
-    weights = (DEFAULT_CHECKPOINTS / name / "head").with_suffix(".safetensors")
+    weights = head_checkpoint(name).with_suffix(".safetensors")
     return hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
 
 
@@ -97,7 +97,7 @@ def predict_all(max_prompt_tokens: int, batch: int = 32, threads: int = 2) -> di
     # The router never predicts longer prompts (predictor.max_prompt_tokens): they fall back.
     ids = {pid: i for pid, i in ids.items() if len(i) <= max_prompt_tokens}
     features = FeatureCache(CACHE_DIR, weights, FeatureConfig(aux_layer=DEFAULT_TRAIL_LAYER))
-    heads = {name: load_checkpoint(DEFAULT_CHECKPOINTS / name / "head", weights) for name in CHECKPOINTS}
+    heads = {name: load_checkpoint(head_checkpoint(name), weights) for name in CHECKPOINTS}
     todo = {}
     for name in CHECKPOINTS:
         prune_stale(name)

@@ -17,12 +17,13 @@ from benchmarks.simulator.cluster import ClusterSpec
 from benchmarks.simulator.engine import EngineLimits
 from benchmarks.simulator.predictions import CHECKPOINTS, load_cache
 from benchmarks.simulator.step_time import StepTimeModel
-from deployments.config import DEFAULT_CHECKPOINTS, StackConfig
+from deployments.config import StackConfig, head_checkpoint
 from predictor.checkpoint import load_checkpoint
 from predictor.dataset import load_samples
 from predictor.head import LengthBins, LengthPrediction
 from router.admission import QueueOrder
 from router.length_bins import PoolBins, training_quantile
+from router.policies import DEFAULT_HEAD
 
 SINGLE_POOL = "default"
 # The paper's length pools, for the pool policies when ray_config.yaml runs a single pool, and the
@@ -36,7 +37,7 @@ class Setup:
     config: StackConfig
     model: StepTimeModel
     limits: EngineLimits
-    pool_bins: PoolBins  # the length pools' output edges: from the ESTP head, as the stack's default head sets them
+    pool_bins: PoolBins  # the length pools' output edges: from the default head, as the stack sets them
     head_bins: dict[str, LengthBins]
     predictions: dict[str, dict[str, LengthPrediction]]  # head -> prompt_id -> prediction
     calibration: dict
@@ -58,7 +59,7 @@ class Setup:
         true length's pool; the predictions the simulator routes on, judged where the heads
         never trained."""
 
-        cap = max(self.head_bins["estp"].max_tokens, 1)
+        cap = max(self.head_bins[DEFAULT_HEAD].max_tokens, 1)
         out = {}
         for head, predictions in self.predictions.items():
             rows = [r for r in load_samples(DEFAULT_OUT, split=split) if r["prompt_id"] in predictions]
@@ -114,16 +115,16 @@ def load_setup(calibration: Path = CALIBRATION) -> Setup:
     lim = cal["limits"]
     limits = EngineLimits(max_num_seqs=lim["max_num_seqs"], max_num_batched_tokens=lim["max_num_batched_tokens"],
                           kv_cache_tokens=lim["kv_cache_tokens"], shortest_first=config.router.shortest_first)
-    metas = {name: load_checkpoint(DEFAULT_CHECKPOINTS / name / "head")[1] for name in CHECKPOINTS}
+    metas = {name: load_checkpoint(head_checkpoint(name))[1] for name in CHECKPOINTS}
     several = len(config.pools) > 1
     names = [p.name for p in config.pools] if several else list(LENGTH_POOLS)
     edges = config.router.output_edges if several else None
     pool_bins = PoolBins(tuple(names), tuple(edges)) if edges is not None else \
-        PoolBins.from_quantiles(names, metas["estp"].bins)
+        PoolBins.from_quantiles(names, metas[DEFAULT_HEAD].bins)
     return Setup(
         config=config, model=StepTimeModel(**cal["model"]), limits=limits, pool_bins=pool_bins,
         head_bins={name: meta.bins for name, meta in metas.items()},
         predictions={name: load_cache(name) for name in CHECKPOINTS}, calibration=cal,
-        queue_order=config.router.queue.order(training_quantile(metas["estp"].bins, 0.5)),
+        queue_order=config.router.queue.order(training_quantile(metas[DEFAULT_HEAD].bins, 0.5)),
         input_edges=(config.router.input_edges if several else None) or LENGTH_INPUT_EDGES,
     )

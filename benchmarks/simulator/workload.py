@@ -17,12 +17,12 @@ from benchmarks.replay.trace import TraceRequest
 from benchmarks.simulator.cluster import Workload
 from predictor.head import LengthBins, LengthPrediction
 from router.length_bins import PoolBins
-from router.policies import KNOWN_LENGTH, Job
+from router.policies import DEFAULT_HEAD, KNOWN_LENGTH, Job, head_of
 
 
 def head_for(policy: str) -> str:
-    """egtp and egtp_work read the EGTP head; every other policy runs beside the ESTP head, as the stack does."""
-    return "egtp" if policy.startswith("egtp") else "estp"
+    """The head a policy reads; length-blind ones run beside the default head, as the stack does."""
+    return head_of(policy) or DEFAULT_HEAD
 
 
 def oracle_tokens(trace: list[TraceRequest], noise: float = 0.0, seed: int = 0) -> list[int]:
