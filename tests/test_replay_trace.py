@@ -27,6 +27,22 @@ def test_requests_carry_capped_true_lengths_from_their_split():
         assert req.prompt_tokens == same[0]["prompt_tokens"] and req.scenario == same[0]["scenario"]
 
 
+def test_ceiling_is_the_median_of_the_prompts_other_samples_never_its_own():
+    from predictor.dataset import load_samples
+
+    rows = load_samples(TINY, split="train")
+    for req in build_trace(TINY, split="train", n=20, max_tokens=50, seed=0):
+        siblings = [min(r["output_tokens"], 50) for r in rows if r["prompt_id"] == req.prompt_id]
+        if len(siblings) < 3:
+            assert req.ceiling_tokens is None
+            continue
+        others = sorted(siblings)
+        others.remove(req.true_output_tokens)
+        mid = len(others) // 2
+        expected = others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
+        assert req.ceiling_tokens == round(expected)
+
+
 def test_draws_without_replacement_until_the_split_is_used_up():
     trace = build_trace(TINY, split="train", n=27, seed=1)
     assert len({(r.prompt_id, r.messages[0]["content"], r.true_output_tokens) for r in trace}) >= 20

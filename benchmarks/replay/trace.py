@@ -18,9 +18,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel
 
 from benchmarks.forelen.build import DEFAULT_OUT
+from benchmarks.forelen.datasheet import leave_one_out_medians
 from predictor.dataset import load_meta, load_samples
 from benchmarks.forelen.sources import DEFAULT_DATA_DIR
 
@@ -153,11 +155,9 @@ def build_trace(
 
 def _median_of_others(samples: dict[int, int], own: int) -> int | None:
     """Leave-one-out: the sample being replayed must not inform its own ceiling."""
-    others = sorted(n for k, n in samples.items() if k != own)
-    if len(others) < 2:
-        return None
-    mid = len(others) // 2
-    return others[mid] if len(others) % 2 else round((others[mid - 1] + others[mid]) / 2)
+    order = sorted(samples)
+    medians = leave_one_out_medians(np.array([samples[k] for k in order]))
+    return None if medians is None else round(float(medians[order.index(own)]))
 
 
 def write_trace(path: Path, trace: list[TraceRequest]) -> None:
