@@ -18,7 +18,7 @@ def stack(tmp_path_factory):
     """The default application from ray_config.yaml, served over real HTTP.
 
     Benchmark headers are on, so the tests can ask for any policy per request; requests without
-    them take exactly the default path (policy estp_work). The queue's aging bound is 5 s instead
+    them take exactly the default path (policy last_work). The queue's aging bound is 5 s instead
     of 300 s, so that a test can watch a long request age past short ones.
     """
     from tests.stack import RunningStack

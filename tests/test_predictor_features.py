@@ -1,16 +1,13 @@
 """Prefill features checked against what the model itself computes with eager attention."""
 
-import os
 
 import pytest
 import torch
 
 from predictor.features import FeatureConfig, extract_features, pad_left, receiver_counts
+from tests import MODEL_DIR
 
 torch.set_num_threads(1)
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-MODEL_DIR = os.path.join(os.path.dirname(__file__), "..", "models", "SmolLM2-135M-Instruct")
-pytestmark = pytest.mark.skipif(not os.path.isdir(MODEL_DIR), reason="converted model folder missing")
 
 PROMPTS = ["Hi", "Write a short poem about the sea, please.", "What is 2 + 2?"]
 

@@ -1,7 +1,6 @@
 """The training CLI end to end on a tiny synthetic dataset generated from the real chat template."""
 
 import json
-import os
 
 import pytest
 import torch
@@ -12,11 +11,9 @@ from predictor.checkpoint import load_checkpoint
 from predictor.estimator import LengthEstimator, encode_prompt
 from predictor.features import FeatureConfig, extract_features, pad_left
 from predictor.pooling import pool
+from tests import MODEL_DIR
 
 torch.set_num_threads(1)
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-MODEL_DIR = os.path.join(os.path.dirname(__file__), "..", "models", "SmolLM2-135M-Instruct")
-pytestmark = pytest.mark.skipif(not os.path.isdir(MODEL_DIR), reason="converted model folder missing")
 
 PROMPTS = {
     "train": ["Say hi.", "Write a long story about a dragon.", "Name a colour.", "Explain gravity in detail."],
@@ -50,7 +47,7 @@ def cache_dir(tmp_path_factory):
 
 
 def run(dataset, cache_dir, out_dir, method, *extra):
-    return train.main(["--dataset", str(dataset), "--method", method, "--model", MODEL_DIR,
+    return train.main(["--dataset", str(dataset), "--method", method, "--model", str(MODEL_DIR),
                        "--out", str(out_dir / method), "--cache-dir", str(cache_dir), "--epochs", "3", *extra])
 
 
