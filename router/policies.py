@@ -89,9 +89,10 @@ class PowerOfTwoChoices:
 
     Ray's router samples two replicas of one deployment and takes the less busy. Pools are
     separate deployments, so this samples two replicas from all pools (a pool with more replicas
-    is drawn more often), compares their pools' in-flight requests per replica, and lets Ray's own
-    power-of-two router pick the replica inside the winning pool. With one pool it is Ray's own
-    behaviour: the pool's FIFO queue and power of two choices.
+    is drawn more often), compares their pools' in-flight requests per replica, and lets the pool's
+    replica router pick the replica inside the winning pool. With one pool it is the pool's FIFO
+    queue and its replica router (fewest requests; with two replicas the same choice as Ray's
+    power of two).
     """
 
     ranks_queue = False
