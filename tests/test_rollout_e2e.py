@@ -1,0 +1,70 @@
+"""Rollouts through the default stack: POST /v1/rollout on real vLLM replicas."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+
+pytestmark = pytest.mark.stack
+
+PROMPTS = ["Name a colour.", "What is 2 + 3?", "Say hi to a friend.", "Count to three."]
+REPLICA = "ServeReplica:lengthserve:pool-default"
+
+
+def _rollout(stack, **body) -> httpx.Response:
+    return httpx.post(f"{stack.base_url}/v1/rollout", json={"model": stack.model, **body}, timeout=900)
+
+
+@pytest.mark.parametrize("schedule", ["makespan", "padding"])
+def test_a_small_rollout_returns_every_sample_in_order_with_its_length(stack, schedule):
+    r = _rollout(stack, prompts=PROMPTS[:2], n=3, max_tokens=16, schedule=schedule, batch_size=2)
+    assert r.status_code == 200, r.text
+    samples = r.json()["samples"]
+    assert [(s["prompt_index"], s["sample_index"]) for s in samples] == [(p, k) for p in range(2) for k in range(3)]
+    for s in samples:
+        assert s["error"] is None and 1 <= s["completion_tokens"] <= 16 and s["text"]
+        assert s["estimated_tokens"] is not None and s["replica"]
+        assert 0 <= s["dispatched_s"] <= s["first_token_s"] <= s["finished_s"]
+    if schedule == "padding":  # groups of 2 in order of predicted length
+        groups = sorted({s["group"] for s in samples})
+        assert groups == [0, 1, 2]
+        by_group = [[s["estimated_tokens"] for s in samples if s["group"] == g] for g in groups]
+        assert all(max(a) <= min(b) for a, b in zip(by_group, by_group[1:]))
+
+
+def test_bad_rollouts_are_openai_errors(stack):
+    r = _rollout(stack, prompts=[], n=2, max_tokens=8)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = _rollout(stack, prompts=PROMPTS, n=2, max_tokens=8, known_tokens=[[1, 2]] * 4)
+    assert r.status_code == 401  # a client may not tell the router lengths without the benchmark key
+    assert r.json()["error"]["code"] == "invalid_benchmark_key"
+
+
+def _engines(stack) -> list[psutil.Process]:
+    return [p for p in psutil.Process(stack.pid).children(recursive=True) if REPLICA in " ".join(p.cmdline())]
+
+
+def test_a_replica_killed_mid_rollout_loses_no_sample(stack):
+    """Every sample ends completed or with the error that ended it; none is dropped."""
+    engines = _engines(stack)
+    assert len(engines) >= 2
+    killer = threading.Timer(6.0, engines[0].kill)
+    killer.start()
+    try:
+        r = _rollout(stack, prompts=PROMPTS, n=8, max_tokens=48)
+    finally:
+        killer.cancel()
+    assert r.status_code == 200, r.text
+    samples = r.json()["samples"]
+    assert [(s["prompt_index"], s["sample_index"]) for s in samples] == [(p, k) for p in range(4) for k in range(8)]
+    for s in samples:
+        assert (s["error"] is None and s["completion_tokens"] >= 1) or (s["error"] and s["completion_tokens"] is None), s
+    assert sum(s["error"] is None for s in samples) >= len(samples) // 2  # the surviving replica served the rest
+    deadline = time.time() + 400
+    while len(_engines(stack)) < 2:
+        assert time.time() < deadline, "the replica did not come back"
+        time.sleep(2)
