@@ -185,6 +185,10 @@ def _check_bounds(body, limits: dict, max_model_len: int) -> None:
     n = body.n or 1
     if n > limits["max_n"]:
         raise APIError(400, f"'n' = {n} exceeds this server's limit of {limits['max_n']}.", param="n")
+    best_of = (body.model_extra or {}).get("best_of")
+    if best_of not in (None, 1):  # this vLLM dropped best_of: accepting it would silently ignore it
+        raise APIError(400, "'best_of' is not supported by this server; ask for 'n' samples instead.",
+                       param="best_of")
     stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
     if len(stop) > limits["max_stop"]:
         raise APIError(400, f"{len(stop)} stop sequences; at most {limits['max_stop']}.", param="stop")

@@ -44,6 +44,7 @@ def test_valid_chat_and_completion_parse():
         (_chat(max_completion_tokens=0), "chat", 400, "max_completion_tokens", "at least 1"),
         (_chat(n="two"), "chat", 400, "n", ""),
         (_chat(n=1000, max_tokens=2), "chat", 400, "n", "limit"),
+        ({"model": MODEL, "prompt": "x", "best_of": 1000}, "completions", 400, "best_of", "not supported"),
         (_chat(stop=["a", "b", "c", "d", "e"]), "chat", 400, "stop", "stop"),
         ({"model": MODEL, "messages": [{"role": "wizard", "content": "a"}]}, "chat", 400, "messages.0.role", "role"),
         ({"model": MODEL, "messages": []}, "chat", 400, "messages", "at least one"),
