@@ -104,6 +104,7 @@ class _InFlight:
     late: asyncio.Task | None = None  # a work policy's prediction running beside the request
     queued_s: float = 0.0
     routing_ms: float = 0.0
+    finished: bool = False  # answered or failed: a late prediction must not re-enter the ledger
 
 
 @serve.deployment
@@ -408,8 +409,9 @@ class Router:
         self._metrics.predictor_latency(self._predictor.name, outcome.latency_s)
         flight.job = replace(flight.job, prediction=outcome.prediction)
         gate.rerank(flight.ticket, self._decider.rank(flight.job, flight.decision.policy))
-        self._ledgers[flight.decision.pool].predicted(flight.ticket.request_id, outcome.distribution,
-                                                      flight.job.max_tokens)
+        if not flight.finished:
+            self._ledgers[flight.decision.pool].predicted(flight.ticket.request_id, outcome.distribution,
+                                                          flight.job.max_tokens)
 
     async def _relay(self, flight: _InFlight, gate: PoolGate, body, kind: str):
         decision = flight.decision
@@ -460,7 +462,7 @@ class Router:
             nonlocal settled
             if settled:
                 return
-            settled = True
+            settled = flight.finished = True
             gate.leave()
             self._ledgers[pool].drop(flight.ticket.request_id)
             self._metrics.inflight(pool, self._load.inflight(pool))

@@ -27,6 +27,7 @@ class _Work:
     estimate: float | None = None  # a length told rather than predicted (a rollout's known lengths)
     streamed: int = 0  # tokens relayed so far (streams)
     pinned: str | None = None  # the replica the router chose for it (rollouts)
+    done: bool = False  # the replica has finished it; kept until the ingress drops it, for its answer
 
     def remaining(self) -> float | None:
         if self.distribution is not None:
@@ -78,10 +79,12 @@ class ReplicaLedger:
             self._ours[internal_id] = request_id
 
     def completed(self, internal_id: str) -> None:
+        """No longer counts on its replica; the record stays until `drop`, because Ray may report
+        a short stream complete before the ingress has read its last chunk and asked where it ran."""
         with self._lock:
             request_id = self._ours.pop(internal_id, None)
-            if request_id is not None:
-                self._work.pop(request_id, None)
+            if request_id is not None and (work := self._work.get(request_id)) is not None:
+                work.done = True
 
     def predicted(self, request_id: str, distribution: tuple[LengthBins, list[float]], cap: int | None) -> None:
         """A prediction for a request, whenever it arrives (also after dispatch)."""
@@ -95,7 +98,8 @@ class ReplicaLedger:
                 work.streamed += tokens
 
     def drop(self, request_id: str) -> None:
-        """The ingress is done with a request (answered, failed, or it never reached a replica)."""
+        """The ingress is done with a request (answered, failed, or it never reached a replica); every
+        request the ingress sends ends here, which is what keeps the ledger from growing."""
         with self._lock:
             self._work.pop(request_id, None)
 
@@ -103,7 +107,7 @@ class ReplicaLedger:
         """Per replica: requests, how many have a prediction, their predicted remaining tokens."""
         with self._lock:
             # A pinned request counts on its replica from the moment it is sent, before Ray confirms.
-            work = [w for w in self._work.values() if (w.replica or w.pinned) is not None]
+            work = [w for w in self._work.values() if not w.done and (w.replica or w.pinned) is not None]
             out: dict[str, dict] = {}
             for w in work:
                 entry = out.setdefault(w.replica or w.pinned,
