@@ -32,6 +32,7 @@ def _update(out: Path, **parts) -> dict:
 
 def _real(args) -> dict:
     import httpx
+    import ray
     from transformers import AutoTokenizer
 
     from benchmarks.continuous import real
@@ -43,6 +44,13 @@ def _real(args) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_source("embedded"))
     burst_trace = real.held_out_chat(tokenizer)
     trace = real.queueing_trace(args.n, args.rate, args.max_tokens, args.seed)
+    # The bare server first: its few minutes tell early whether the long stack part can be compared.
+    with tempfile.TemporaryDirectory() as tmp, real.bare_vllm(Path(tmp)) as url:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        actors = spawn_actors(url, args.actors, 1800)
+        bare = real.burst_summary(real.closed_loop(url, burst_trace, actors, real.BURST_INFLIGHT, "bare_vllm"))
+        ray.shutdown()
+    _update(args.out, bare_vllm={"throughput_tok_s": bare["throughput_tok_s"]})
     with tempfile.TemporaryDirectory() as tmp:
         with RunningStack(Path(tmp), {"router": {"benchmark_headers": True}}) as stack:
             os.environ["RAY_ADDRESS"] = "auto"
@@ -56,17 +64,8 @@ def _real(args) -> dict:
                 records = real.closed_loop(stack.base_url, burst_trace, actors, real.BURST_INFLIGHT, f"stack/{mode}",
                                            policy=args.policies[-1], extra_headers={"X-Predict": mode})
                 bursts[mode] = real.burst_summary(records)
-            stack_burst = bursts["waiting"]
-            import ray
-
             ray.shutdown()
-        with real.bare_vllm(Path(tmp)) as url:
-            import ray
-
-            ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-            actors = spawn_actors(url, args.actors, 1800)
-            bare = real.burst_summary(real.closed_loop(url, burst_trace, actors, real.BURST_INFLIGHT, "bare_vllm"))
-            ray.shutdown()
+    stack_burst = bursts["waiting"]
     settings = {"queueing": {"requests": args.n, "rate_rps": args.rate, "max_tokens": args.max_tokens,
                              "policies": args.policies, "repeats": args.repeats},
                 "burst": {"requests": len(burst_trace), "inflight": real.BURST_INFLIGHT,
