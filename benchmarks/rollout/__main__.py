@@ -72,7 +72,9 @@ def main(argv=None) -> None:
         from benchmarks.simulator.setup import load_setup
 
         setup = load_setup()
-        _update(out, simulated=grid(setup, args.replicas, workers=args.workers),
+        # Sizes not rerun stay: 1,000 replicas can run apart from the quick sizes.
+        _update(out, simulated={**parts_file.load(out, "rollout").get("simulated", {}),
+                                **grid(setup, args.replicas, workers=args.workers)},
                 simulated_settings={"per_replica": 80, "batch_size": 8,
                                     "prediction_quality_test_split": setup.prediction_quality("test")})
 
