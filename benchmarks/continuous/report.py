@@ -132,7 +132,8 @@ def _real_lines(real: dict) -> list[str]:
 def _burst_lines(burst: dict, bare: dict) -> list[str]:
     st, al, bv = burst["stack"], burst.get("stack_predict_all", {}), burst["bare_vllm"]
     rows = [("throughput (tok/s)", "throughput_tok_s"), ("p50 TTFT (s)", "p50_ttft_s"),
-            ("mean JCT (s)", "mean_jct_s"), ("p99 JCT (s)", "p99_jct_s"), ("requests predicted", "predicted_share")]
+            ("mean JCT (s)", "mean_jct_s"), ("p99 JCT (s)", "p99_jct_s"),
+            ("predicted before dispatch", "predicted_share")]
     lines = ["## Burst: held-out ShareGPT prompts, a fixed number in flight, against bare vLLM", "",
              f"{burst['requests']} prompts the dataset never used, max_tokens 1024. The stack twice: predicting only "
              "the requests that wait (`predictor.predict: waiting`, the default) and predicting every request "
@@ -143,7 +144,10 @@ def _burst_lines(burst: dict, bare: dict) -> list[str]:
         a, c, b = st.get(key), al.get(key), bv.get(key)
         lines.append(f"| {label} | {fmt(a)} | {fmt(c)} | {fmt(b)} | {f'{a / b:.2f}x' if a and b else '-'} |")
     fr, tr = burst["fallback_rate"], burst["p50_ttft_ratio_vs_bare"]
-    lines += ["", f"- Requests that waited and left the queue without a prediction, or fell back: {fr:.1%} "
+    lines += ["", f"- {burst['requests']} requests, {st['waited']} of them waited for a slot: a request that finds a free "
+              "slot goes at once and needs no prediction; under `all` its prediction runs beside it (after its "
+              "headers), so the row above counts only predictions made before dispatch.",
+              f"- Requests that waited and left the queue without a prediction, or fell back: {fr:.1%} "
               f"(target <= 5%: {'held' if fr <= 0.05 else 'missed'}); {st['waited']} of {st['completed']} waited.",
               f"- p50 TTFT {tr:.2f}x bare vLLM (target <= 1.10x: {'held' if tr <= 1.10 else 'missed'}).",
               f"- Throughput {bare['throughput_ratio']:.2f}x bare vLLM "
