@@ -10,7 +10,9 @@ the replica with the least predicted work (LPT). All predictions are made up fro
 - `padding`: jobs sorted by predicted length, cut into groups of `batch_size`; each replica runs
   one group at a time and takes the next when its whole group is done: the groups a
   batch-synchronous engine would decode together, as similar in length as the predictions allow;
-- `fifo`: prompt order, Ray's replica choice (the length-blind baseline).
+- `fifo` (the default): prompt order, Ray's replica choice (the length-blind baseline). On the
+  embedded default it measured best: `makespan` lost to it on the real stack even on the
+  prompt-only ceiling's lengths (benchmarks/results/rollout.md), and gains 2-3% in the simulator.
 With `siblings`, a finished sample updates the estimates of its prompt's waiting samples
 (router.siblings). Rollout jobs take the pool's slots through its admission queue like any other
 request, so a rollout never starves online traffic of the queue's order.
@@ -46,7 +48,7 @@ class RolloutRequest(BaseModel):
     max_tokens: int = Field(ge=1)
     temperature: float = Field(0.7, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    schedule: Schedule = "makespan"
+    schedule: Schedule = "fifo"  # measured best on the embedded default (benchmarks/results/rollout.md)
     batch_size: int = Field(8, ge=1, description="padding: jobs decoded together")
     siblings: bool = False
     head: str | None = Field(None, description="predictor head (default: the router's); none for fifo")
