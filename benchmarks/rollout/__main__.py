@@ -37,10 +37,10 @@ def _real(args) -> dict:
         for _ in range(args.repeats):  # policies interleaved: a slow spell hits them alike
             repeats.append({p: real.run_once(st.base_url, model, texts, known, p, args.n, args.max_tokens,
                                              st.client_headers) for p in args.policies})
-    lost = sum(m["lost"] for rep in repeats for m in rep.values())
-    return _update(args.out, real={"repeats": repeats, "lost_requests": lost, "settings": {
-        "prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens, "policies": args.policies,
-        "schedules": {p: real.POLICIES[p] for p in args.policies}}})
+    real_part = {"repeats": repeats, "lost_requests": sum(m["lost"] for rep in repeats for m in rep.values()),
+                 "settings": {"prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens,
+                              "policies": args.policies, "schedules": {p: real.POLICIES[p] for p in args.policies}}}
+    return _update(args.out, real=real_part, **real.headline(real_part))
 
 
 def main(argv=None) -> None:

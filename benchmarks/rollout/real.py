@@ -51,3 +51,18 @@ def run_once(base_url: str, model: str, texts: list[str], known: dict, policy: s
                             [s["replica"] for s in ok])
     return {**metrics, "requested": len(texts) * n, "returned": len(samples), "failed": len(samples) - len(ok),
             "lost": len(texts) * n - len(samples)}
+
+
+HEADLINE = ("padding_ratio", "makespan_s", "tail_share", "throughput_tok_s", "imbalance", "mean_jct_s")
+
+
+def headline(real_part: dict) -> dict:
+    """The real runs' top-level figures: per policy the mean over repeats, the repeats, lost."""
+    repeats = real_part["repeats"]
+
+    def mean(p, k):
+        values = [rep[p][k] for rep in repeats if rep[p].get(k) is not None]
+        return statistics.fmean(values) if values else None
+
+    return {"policies": {p: {k: mean(p, k) for k in HEADLINE} for p in repeats[0]},
+            "lost_requests": real_part["lost_requests"], "repeats": repeats}
