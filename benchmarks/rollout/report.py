@@ -94,16 +94,16 @@ def _table5_lines(sim: dict) -> list[str]:
             pad, mk = by_schedule.get("padding", {}), by_schedule.get("makespan", {})
             if not all(h in pad and h in mk for h in ("estp", "egtp")):
                 continue
-            held = (pad["estp"]["padding_ratio"] < pad["egtp"]["padding_ratio"]
-                    and mk["estp"]["mean_jct_s"] < mk["egtp"]["mean_jct_s"])
-            rows.append(f"| {size} | {batch} | {pad['estp']['padding_ratio']:.3f} vs {pad['egtp']['padding_ratio']:.3f} | "
-                        f"{mk['estp']['mean_jct_s']:.1f} vs {mk['egtp']['mean_jct_s']:.1f} | "
-                        f"{mk['estp']['throughput_tok_s']:.0f} vs {mk['egtp']['throughput_tok_s']:.0f} | "
-                        f"{'yes' if held else 'no'} |")
+            e, g = pad["estp"], pad["egtp"]  # the batch-synchronous schedule, as the paper's Table 5
+            held = e["padding_ratio"] < g["padding_ratio"] and e["mean_jct_s"] < g["mean_jct_s"]
+            rows.append(f"| {size} | {batch} | {e['padding_ratio']:.3f} vs {g['padding_ratio']:.3f} | "
+                        f"{e['mean_jct_s']:.1f} vs {g['mean_jct_s']:.1f} | "
+                        f"{e['throughput_tok_s']:.0f} vs {g['throughput_tok_s']:.0f} | {'yes' if held else 'no'} |")
     if not rows:
         return []
     return ["## The paper's Table 5 claim: ESTP pads less than EGTP and finishes jobs sooner", "",
-            "The paper: padding ratio 0.46 vs 0.52, average JCT 10.61 vs 14.49. Here, simulated (ESTP vs EGTP):", "",
+            "The paper: padding ratio 0.46 vs 0.52, average JCT 10.61 vs 14.49. Here, simulated, the `padding` schedule "
+            "(ESTP vs EGTP):", "",
             "| replicas | batch | padding ratio | mean JCT s | throughput tok/s | held |", "|---|---|---|---|---|---|",
             *rows, ""]
 
