@@ -42,6 +42,7 @@ def _markdown(r: dict) -> str:
     growth = ", ".join(f"{k} {v:+.1%}" for k, v in o["rss_growth"].items() if v is not None)
     checks = [
         ("fuzz: no 5xx", f["status_5xx"] == 0 and f["no_answer"] == 0),
+        ("overload: offered >= 2x capacity", o["offered_over_capacity"] >= 2.0),
         ("overload: lost = 0", o["lost"] == 0),
         ("overload: every rejection carries Retry-After", o["rejected"] == o["rejections_with_retry_after"]),
         ("overload: RSS growth < 10%", all(v is not None and v < 0.10 for v in o["rss_growth"].values())),
@@ -54,11 +55,12 @@ def _markdown(r: dict) -> str:
     lines += [f"| {name} | {'yes' if ok else 'NO'} |" for name, ok in checks]
     lines += ["", f"- Fuzz: {f['bodies']} generated bodies over /v1/chat/completions and /v1/completions; by status "
               f"class {f['by_status']}; 5xx {f['status_5xx']}.",
-              f"- Capacity (closed loop, every slot busy): {r['capacity_rps']:.2f} requests/s; overload offered "
-              f"{o['offered_rps']:.2f} req/s = {r['offered_over_capacity']:.1f}x for {o['duration_s']:.0f} s.",
+              f"- Capacity (closed loop, every slot busy): {r['capacity_rps']:.2f} requests/s; overload sent "
+              f"{o['sent'] / o['duration_s']:.2f} req/s = {o['offered_over_capacity']:.2f}x capacity (target "
+              f"{r['target_over_capacity']}x) for {o['duration_s']:.0f} s.",
               f"- Overload: sent {o['sent']} = completed {o['completed']} + rejected {o['rejected']} "
               f"({o['rejections_with_retry_after']} with Retry-After) + refused (4xx) {o['refused_4xx']} + "
-              f"aborted {o['aborted']} + failed {o['failed']}; lost {o['lost']}. RSS growth from "
+              f"aborted {o['aborted']} + failed {o['failed']} ({o['failures'] or 'none'}); lost {o['lost']}. RSS growth from "
               f"{o['rss_growth_measured_from_s']:.0f} s into the run to its end: {growth} (before the run: "
               + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in o["rss_before_bytes"].items() if v) + ").",
               f"- Aborted streams: {a['aborted']} hung up after their first chunk; in flight afterwards "
@@ -74,8 +76,9 @@ async def _run(base_url: str, headers: dict, args) -> dict:
     slots = sum(q["slots"] or 0 for q in httpx.get(f"{base_url}/health", headers=headers, timeout=30)
                 .json()["queues"].values())
     capacity = await overload.closed_loop_rps(base_url, model, slots, args.capacity_s, headers)
-    result.update(capacity_rps=capacity, offered_over_capacity=args.over)
-    result["overload"] = await overload.overload(base_url, model, args.over * capacity, args.overload_s, headers)
+    result.update(capacity_rps=capacity, target_over_capacity=args.over)
+    o = result["overload"] = await overload.overload(base_url, model, args.over * capacity, args.overload_s, headers)
+    o["offered_over_capacity"] = o["sent"] / o["duration_s"] / capacity  # what the client achieved, not the target
     result["aborts"] = await overload.aborted_streams(base_url, model, args.aborts, headers)
     result["hostile_template"] = await overload.hostile_template(base_url, model, headers)
     return result
