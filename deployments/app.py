@@ -6,6 +6,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ray.serve import Application
+from ray.serve.config import BackpressureConfig
 
 from deployments.config import PredictorSpec, StackConfig
 from deployments.engine_pool import build_pool
@@ -73,9 +74,19 @@ def build_app(args: dict) -> Application:
         "replicas": {pool.name: pool.replicas() for pool in config.pools},
         "per_replica": {pool.name: pool.deployment.get("max_ongoing_requests") for pool in config.pools},
     }
-    # Ray's queue in front of the router: a last resort past max_ongoing_requests (the router
-    # answers 503 itself first, at router.max_pending_requests).
-    router = {"max_queued_requests": 64, **config.router.deployment}
-    return Router.options(**router).bind(
+    return Router.options(**router_options(config)).bind(
         pools=pools, predictor=predictor, config=config.model_dump(), routing=routing
     )
+
+
+def router_options(config: StackConfig) -> dict:
+    """Ray Serve's options for the router deployment.
+
+    The router answers overload itself (429/503 in OpenAI's format, with Retry-After) long before
+    its max_ongoing_requests, but Ray's proxy queues what it has not yet handed to the router
+    replica, and a replica whose event loop is busy takes them late: at 2.5x capacity a queue of
+    64 filled in a burst (benchmarks/results/reliability.md). So Ray's queue is bounded at 256,
+    and what it refuses past that carries Retry-After too (in Ray's own plain-text 503).
+    """
+    return {"max_queued_requests": 256, "backpressure_config": BackpressureConfig(status_code=503, retry_after_s=2),
+            **config.router.deployment}

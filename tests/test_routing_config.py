@@ -6,8 +6,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from deployments.app import router_options
 from deployments.config import DEFAULT_CHECKPOINTS, PoolSpec, StackConfig
 from deployments.engine_pool import engine_env, llm_config
+from router.ingress import Router
 from tests import MODEL_DIR
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,6 +35,14 @@ def test_default_config_is_one_pool_behind_the_shortest_first_queue():
     assert config.predictor.heads("estp_work", every_predicted=False) == {"estp": DEFAULT_CHECKPOINTS / "estp" / "head"}
     assert list(config.predictor.heads("round_robin", every_predicted=True)) == ["last", "egtp", "estp"]
     assert list(config.predictor.heads("egtp", every_predicted=True)) == ["egtp", "estp", "last"]
+
+
+def test_ray_serves_own_queue_in_front_of_the_router_is_bounded_and_says_when_to_retry():
+    config = StackConfig.model_validate(_default_args())
+    deployment = Router.options(**router_options(config))._deployment_config
+    assert deployment.max_ongoing_requests > config.router.max_pending_requests  # the router answers first
+    assert 0 < deployment.max_queued_requests <= 256
+    assert deployment.backpressure_config.status_code == 503 and deployment.backpressure_config.retry_after_s > 0
 
 
 def test_default_checkpoints_exist_for_both_predicted_policies():

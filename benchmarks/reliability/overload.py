@@ -62,6 +62,7 @@ def rss() -> dict[str, int | None]:
 
 async def _one(client: httpx.AsyncClient, kind: str, model: str, rng: random.Random,
                failures: Counter | None = None) -> str:
+    start = time.monotonic()
     try:
         if kind == "abusive":
             path, body = _abusive(model, rng)
@@ -79,8 +80,10 @@ async def _one(client: httpx.AsyncClient, kind: str, model: str, rng: random.Ran
                     return "aborted"  # hang up after the first chunk
             return "completed"
     except (httpx.HTTPError, asyncio.TimeoutError) as e:
-        if failures is not None:
-            failures[f"{kind}: {type(e).__name__}"] += 1
+        if failures is not None:  # what the transport said, and when: enough to tell a reset from a stall
+            cause = e.__cause__ or e.__context__
+            after = "< 1 s" if (t := time.monotonic() - start) < 1 else "< 10 s" if t < 10 else ">= 10 s"
+            failures[f"{kind}: {type(e).__name__} ({type(cause).__name__}: {cause}) after {after}"] += 1
         return "failed"
 
 
