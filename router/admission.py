@@ -102,8 +102,10 @@ class AdmissionQueue(Generic[T]):
     def has_room(self) -> bool:
         return self.slots is None or self.inflight < self.slots
 
-    def offer(self, item: T, now: float, tokens: float | None = None) -> Admission:
-        """A new request: dispatch at once while a slot is free, else queue it (or refuse: full)."""
+    def offer(self, item: T, now: float, tokens: float | None = None, on_prior: bool = False) -> Admission:
+        """A new request: dispatch at once while a slot is free, else queue it (or refuse: full).
+        `on_prior`: its tokens are the caller's stand-in (the prior, bounded by what the request
+        fixes), so it does not count as ranked by its own length until `reprioritise`."""
         if not self._waiting and self.has_room():
             self.inflight += 1
             self.stats.admitted += 1
@@ -111,7 +113,7 @@ class AdmissionQueue(Generic[T]):
         if self.max_waiting is not None and len(self._waiting) >= self.max_waiting:
             self.stats.rejected += 1
             return Admission.FULL
-        entry = _Waiting(arrival=now, key=self.order.key(now, tokens), ranked=tokens is not None)
+        entry = _Waiting(arrival=now, key=self.order.key(now, tokens), ranked=tokens is not None and not on_prior)
         self._waiting[item] = entry
         heapq.heappush(self._heap, (entry.key, next(self._tie), entry.version, item))
         self.stats.queued += 1

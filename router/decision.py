@@ -29,6 +29,7 @@ class Decision:
     policy: str  # the policy that decided: the one asked, or the fallback
     fallback: str | None  # why the one asked could not decide
     rank_tokens: float | None  # its work in tokens for the queue; None: length-blind (arrival order)
+    on_prior: bool = False  # rank_tokens rest on the prior: its own length is not known (yet)
 
     @property
     def spilled_from(self) -> str | None:
@@ -51,19 +52,22 @@ class Decider:
         if floor := job.floor_tokens():  # a request that forces N tokens never lands in a pool for fewer
             pool = max(pool, self.bins.pool_of(floor), key=self.bins.names.index)
         served = self.load.spill(pool) if spill and self._spillover else pool
-        return Decision(served, pool, decided_by, reason, self.rank(job, decided_by))
+        return Decision(served, pool, decided_by, reason, *self.ranking(job, decided_by))
 
     def rank(self, job: Job, policy: str) -> float | None:
         """The request's work in tokens as `policy` sees it; None for length-blind policies."""
+        return self.ranking(job, policy)[0]
+
+    def ranking(self, job: Job, policy: str) -> tuple[float | None, bool]:
+        """The rank, and whether it rests on the prior (no length of the request's own yet)."""
         if not (self._shortest_first and POLICIES[policy].ranks_queue):
-            return None
-        natural = self._prior
+            return None, False
         if policy in KNOWN_LENGTH and job.true_tokens is not None:
-            natural = job.true_tokens
-        elif job.prediction is not None:
+            return work_tokens(job, job.true_tokens), False
+        if job.prediction is not None:
             p = job.prediction
-            natural = p["expected_tokens"] if self._rank_by == "mean" else p["quantiles"][self._rank_by]
-        return work_tokens(job, natural)
+            return work_tokens(job, p["expected_tokens"] if self._rank_by == "mean" else p["quantiles"][self._rank_by]), False
+        return work_tokens(job, self._prior), True
 
     def engine_priority(self, decision: Decision, max_model_len: int) -> int:
         """vLLM's `priority` inside the pool (lower first): the rank, or the pool's longest for

@@ -346,7 +346,7 @@ class Router:
             outcome = await self._predict(ids, failure, body, head_of(policy))
             job = replace(job, prediction=outcome.prediction, prediction_failure=outcome.failure)
         if bench.pool is not None:  # planned by the benchmark (batch mode): no decision, no spillover
-            decision = Decision(bench.pool, bench.pool, policy, None, self._decider.rank(job, policy))
+            decision = Decision(bench.pool, bench.pool, policy, None, *self._decider.ranking(job, policy))
         else:
             decision = self._decide(job, outcome, policy)
         ticket = Ticket(f"lengthserve-{uuid.uuid4().hex}")
@@ -357,7 +357,7 @@ class Router:
             self._ledgers[decision.pool].predicted(ticket.request_id, outcome.distribution, job.max_tokens)
         gate = self._gates[decision.pool]
         try:
-            gate.offer(ticket, decision.rank_tokens)
+            gate.offer(ticket, decision.rank_tokens, on_prior=decision.on_prior)
         except QueueFull as e:
             self._queue_metrics.rejected(decision.pool)
             raise APIError(429, f"The {decision.pool} pool's queue is full; retry in {e.retry_after_s} s.",

@@ -35,9 +35,9 @@ class PoolGate:
     def __init__(self, queue: AdmissionQueue):
         self.queue = queue
 
-    def offer(self, ticket: Ticket, tokens: float | None) -> Admission:
+    def offer(self, ticket: Ticket, tokens: float | None, on_prior: bool = False) -> Admission:
         """Dispatch (the ticket holds a slot), queue (await `wait`), or raise QueueFull."""
-        verdict = self.queue.offer(ticket, time.monotonic(), tokens)
+        verdict = self.queue.offer(ticket, time.monotonic(), tokens, on_prior)
         if verdict is Admission.FULL:
             raise QueueFull(self.retry_after_s())
         if verdict is Admission.DISPATCH:

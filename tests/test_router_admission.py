@@ -49,6 +49,15 @@ def test_unpredicted_requests_rank_at_the_prior_and_a_late_prediction_reranks():
     assert _drain(q, 1.0) == ["unknown", "mid", "long"]
 
 
+def test_a_request_ranked_on_the_prior_counts_as_ranked_only_once_its_own_length_lands():
+    q = _full_queue()
+    q.offer("predicted", now=0.0, tokens=900)
+    q.offer("waiting", now=0.0, tokens=100, on_prior=True)  # the prior, bounded by its max_tokens
+    assert q.ranked() == 1
+    q.reprioritise("waiting", 50)
+    assert q.ranked() == 2
+
+
 def test_aging_a_long_request_is_never_passed_by_one_that_arrived_max_overtake_s_later():
     q = _full_queue()
     q.offer("long", now=0.0, tokens=5000)  # beyond the horizon: the largest slack, 100 s

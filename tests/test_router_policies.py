@@ -206,6 +206,17 @@ def test_rank_by_a_quantile_and_length_blind_policies_rank_nothing():
     assert Decider(_ctx(), POLICIES, "input_length", shortest_first=False).decide(job, "estp").rank_tokens is None
 
 
+def test_a_work_policy_without_its_prediction_ranks_on_the_prior_and_says_so():
+    from router.decision import Decider
+
+    decider = Decider(_ctx(), POLICIES, "input_length", prior_tokens=256.0)
+    waiting = decider.decide(Job(prompt_tokens=5, max_tokens=100), "last_work")
+    assert (waiting.rank_tokens, waiting.on_prior) == (100.0, True)  # the prior, bounded by max_tokens
+    predicted = Job(prompt_tokens=5, max_tokens=100, prediction={"expected_tokens": 40.0, "bin": "short", "quantiles": {}})
+    assert decider.ranking(predicted, "last_work") == (40.0, False)
+    assert decider.ranking(Job(prompt_tokens=5), "ray_default") == (None, False)
+
+
 def test_effective_length_counts_forced_tokens_and_every_sequence():
     from router.policies import work_tokens
 

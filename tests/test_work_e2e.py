@@ -67,8 +67,8 @@ HOLDER = dict(max_tokens=2000, ignore_eos=True, stream=True)
 
 
 async def _queue_scenario(stack, first: str, second: str, gap_s: float) -> list[str]:
-    """Fill every slot, queue `first` then (gap_s later) `second`, free one slot at a time: the
-    labels in the order they were handed a slot."""
+    """Fill every slot, queue `first`, then `second` gap_s after `first` waits, free one slot at a
+    time: the labels in the order they were handed a slot."""
     slots = _slots(stack)
     pool = _health(stack)["pools"][0]
     limits = httpx.Limits(max_connections=slots + 8)
@@ -87,14 +87,19 @@ async def _queue_scenario(stack, first: str, second: str, gap_s: float) -> list[
                     order.append(label)  # it holds a slot now; hanging up gives the slot back
                     assert float(r.headers["x-queue-ms"]) > 0 and r.headers["x-routing-policy"] == "last_work"
 
+            async def queue_reaches(what: str, count: int, poll_s: float) -> None:
+                deadline = time.time() + 120
+                while (q := (await client.get("/health")).json()["queues"][pool])[what] < count:
+                    assert time.time() < deadline, f"the queue never had {count} {what}: {q}"
+                    await asyncio.sleep(poll_s)
+
+            # `second` is sent only once `first` waits at the router: the client's gap is not the
+            # router's (both are rendered on a thread pool, so they could even arrive swapped).
             tasks = [asyncio.create_task(waiter("first", first))]
+            await queue_reaches("waiting", 1, poll_s=0.05)
             await asyncio.sleep(gap_s)
             tasks.append(asyncio.create_task(waiter("second", second)))
-            # Both wait, both ranked by their own prediction (made while they wait).
-            deadline = time.time() + 120
-            while (q := (await client.get("/health")).json()["queues"][pool])["waiting_ranked"] < 2:
-                assert time.time() < deadline, f"predictions never reached the queue: {q}"
-                await asyncio.sleep(0.5)
+            await queue_reaches("waiting_ranked", 2, poll_s=0.5)  # both ranked by their own prediction
             for holder in holders[:2]:  # free one slot, wait for it to be taken, free the next
                 taken = len(order)
                 await holder.aclose()
@@ -116,7 +121,7 @@ def test_the_default_policy_serves_every_kind_of_request(client, stack):
 def test_under_saturation_short_predicted_requests_leave_the_queue_first(stack):
     short, long = _short_and_long(stack)
     _wait_idle(stack)
-    assert asyncio.run(_queue_scenario(stack, first=long, second=short, gap_s=0.1)) == ["second", "first"]
+    assert asyncio.run(_queue_scenario(stack, first=long, second=short, gap_s=0.0)) == ["second", "first"]
     stats = _health(stack)["queues"]["default"]
     assert stats["reordered"] >= 1 and stats["waiting"] == 0
 

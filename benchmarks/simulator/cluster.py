@@ -188,7 +188,7 @@ def simulate(
                 p = names.index(decision.pool)
                 pool_of[i] = p
                 seqs[i] = Sequence(i, int(workload.prompt_tokens[i]), int(workload.output_tokens[i]), priority)
-                verdict = queues[p].offer(i, now, decision.rank_tokens)
+                verdict = queues[p].offer(i, now, decision.rank_tokens, decision.on_prior)
                 if verdict is Admission.DISPATCH:
                     touched.add(dispatch(p, i, now))
                 elif verdict is Admission.FULL:  # 429: never served (first token and finish stay NaN)
