@@ -59,7 +59,8 @@ def _short_and_long(stack) -> tuple[str, str]:
     predicted = {c: httpx.post(f"{stack.base_url}/v1/length", json=_chat(stack, c, max_tokens=600),
                                timeout=120).json()["expected_tokens"] for c in CANDIDATES}
     short, long = min(predicted, key=predicted.get), max(predicted, key=predicted.get)
-    assert predicted[long] - predicted[short] > 30, f"the head hardly tells the candidates apart: {predicted}"
+    # Under the 5 s aging bound over 1,024 tokens, 200 tokens are a head start of about 1 s.
+    assert predicted[long] - predicted[short] > 200, f"the head hardly tells the candidates apart: {predicted}"
     return short, long
 
 
