@@ -49,7 +49,11 @@ def run_once(base_url: str, model: str, texts: list[str], known: dict, policy: s
     ok = [s for s in samples if s["error"] is None]
     metrics = batch_metrics([s["finished_s"] for s in ok], [s["completion_tokens"] for s in ok],
                             [s["replica"] for s in ok])
-    return {**metrics, "requested": len(texts) * n, "returned": len(samples), "failed": len(samples) - len(ok),
+    # From taking a slot to the first token: prefill, plus any wait for the replica the schedule
+    # pinned it to (a schedule that leaves slots idle shows here).
+    waits = [s["first_token_s"] - s["dispatched_s"] for s in ok if s["first_token_s"] is not None]
+    return {**metrics, "mean_slot_to_first_token_s": statistics.fmean(waits) if waits else None,
+            "requested": len(texts) * n, "returned": len(samples), "failed": len(samples) - len(ok),
             "lost": len(texts) * n - len(samples)}
 
 
