@@ -63,6 +63,9 @@ def _markdown(r: dict) -> str:
               f"aborted {o['aborted']} + failed {o['failed']} ({o['failures'] or 'none'}); lost {o['lost']}. RSS growth from "
               f"{o['rss_growth_measured_from_s']:.0f} s into the run to its end: {growth} (before the run: "
               + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in o["rss_before_bytes"].items() if v) + ").",
+              "- Overload, seconds to each outcome (p50 / p99 / max): " + "; ".join(
+                  f"{k} {v['p50']:.2f} / {v['p99']:.2f} / {v['max']:.1f}" for k, v in o["seconds"].items())
+              + f"; the last request ended {o['sent_over_s']:.0f} s after the first was sent.",
               f"- Aborted streams: {a['aborted']} hung up after their first chunk; in flight afterwards "
               f"{a['inflight_after']}, on replicas {a['on_replicas_after']}.",
               f"- Hostile template: {h['status']} in {h['seconds']:.3f} s ({h['message']!r}); the other stream's "

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import httpx
+import numpy as np
 import psutil
 
 NORMAL = ["Name a colour.", "Count to five.", "Say hi.", "What is 2 + 2?", "Write one sentence about rain."]
@@ -87,6 +88,13 @@ async def _one(client: httpx.AsyncClient, kind: str, model: str, rng: random.Ran
         return "failed"
 
 
+async def _timed(client: httpx.AsyncClient, kind: str, model: str, rng: random.Random,
+                 failures: Counter) -> tuple[str, float]:
+    start = time.monotonic()
+    outcome = await _one(client, kind, model, rng, failures)
+    return outcome, time.monotonic() - start
+
+
 def _outcome(r: httpx.Response, failures: Counter | None = None) -> str:
     if r.status_code < 300:
         return "completed"
@@ -137,12 +145,15 @@ async def overload(base_url: str, model: str, rate_rps: float, seconds: float, h
                 await asyncio.sleep(lag)
             if warm_rss is None and due >= warmup_s:
                 warm_rss = rss()
-            tasks.append(asyncio.create_task(_one(client, rng.choices(kinds, weights)[0], model, rng, failures)))
+            tasks.append(asyncio.create_task(_timed(client, rng.choices(kinds, weights)[0], model, rng, failures)))
             due += rng.expovariate(rate_rps)
         done, pending = await asyncio.wait(tasks, timeout=grace_s)
         for task in pending:
             task.cancel()
-    outcomes = Counter(t.result() for t in done)
+    outcomes = Counter(t.result()[0] for t in done)
+    seconds_by_outcome: dict[str, list[float]] = {}
+    for t in done:
+        seconds_by_outcome.setdefault(t.result()[0], []).append(t.result()[1])
     end_rss = rss()
     start_rss = warm_rss or before_rss
     growth = {k: (end_rss[k] / start_rss[k] - 1) if start_rss.get(k) and end_rss.get(k) else None for k in start_rss}
@@ -152,6 +163,9 @@ async def overload(base_url: str, model: str, rate_rps: float, seconds: float, h
         "rejections_with_retry_after": outcomes["rejected"], "refused_4xx": outcomes["refused"],
         "aborted": outcomes["aborted"], "failed": outcomes["failed"], "lost": len(pending),
         "failures": dict(failures.most_common(10)), "sent_over_s": round(time.monotonic() - t0, 1),
+        # Rejections must come at once, completions within the request timeout: no hang.
+        "seconds": {k: {"p50": float(np.quantile(v, 0.5)), "p99": float(np.quantile(v, 0.99)), "max": max(v)}
+                    for k, v in sorted(seconds_by_outcome.items())},
         "rss_before_bytes": before_rss, "rss_start_bytes": start_rss, "rss_end_bytes": end_rss,
         "rss_growth": growth, "rss_growth_measured_from_s": warmup_s if warm_rss else 0.0,
     }
