@@ -456,13 +456,11 @@ class Router:
         pool = flight.decision.pool
         self._metrics.routed(pool, spilled=flight.decision.spilled_from is not None)
         self._metrics.inflight(pool, self._load.inflight(pool))
-        settled = False
 
         def done(completion_tokens: int | None) -> None:
-            nonlocal settled
-            if settled:
+            if flight.finished:
                 return
-            settled = flight.finished = True
+            flight.finished = True
             gate.leave()
             self._ledgers[pool].drop(flight.ticket.request_id)
             self._metrics.inflight(pool, self._load.inflight(pool))
