@@ -46,6 +46,7 @@ def _markdown(r: dict) -> str:
         ("overload: lost = 0", o["lost"] == 0),
         ("overload: every rejection carries Retry-After", o["rejected"] == o["rejections_with_retry_after"]),
         ("overload: RSS growth < 10%", all(v is not None and v < 0.10 for v in o["rss_growth"].values())),
+        ("overload: rejections arrive within 1 s (p50, as the client sees them)", "rejected" in o["seconds"] and o["seconds"]["rejected"]["p50"] < 1.0),
         ("aborts: in-flight back to 0", a["inflight_after"] == 0 and a["on_replicas_after"] == 0),
         ("hostile template: 4xx within 1 s", 400 <= h["status"] < 500 and h["seconds"] < 1.0),
     ]
@@ -65,7 +66,8 @@ def _markdown(r: dict) -> str:
               + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in o["rss_before_bytes"].items() if v) + ").",
               "- Overload, seconds to each outcome (p50 / p99 / max): " + "; ".join(
                   f"{k} {v['p50']:.2f} / {v['p99']:.2f} / {v['max']:.1f}" for k, v in o["seconds"].items())
-              + f"; the last request ended {o['sent_over_s']:.0f} s after the first was sent.",
+              + f"; the last request ended {o['sent_over_s']:.0f} s after the first was sent; the client "
+              f"itself used {o['client_cpu_s']:.0f} s of CPU.",
               f"- Aborted streams: {a['aborted']} hung up after their first chunk; in flight afterwards "
               f"{a['inflight_after']}, on replicas {a['on_replicas_after']}.",
               f"- Hostile template: {h['status']} in {h['seconds']:.3f} s ({h['message']!r}); the other stream's "
