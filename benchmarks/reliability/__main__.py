@@ -46,7 +46,8 @@ def _markdown(r: dict) -> str:
         ("overload: lost = 0", o["lost"] == 0),
         ("overload: every rejection carries Retry-After", o["rejected"] == o["rejections_with_retry_after"]),
         ("overload: RSS growth < 10%", all(v is not None and v < 0.10 for v in o["rss_growth"].values())),
-        ("overload: rejections arrive within 1 s (p50, as the client sees them)", "rejected" in o["seconds"] and o["seconds"]["rejected"]["p50"] < 1.0),
+        ("overload: rejections arrive within 1 s (p50, as the client sees them)",
+         "rejected" in o["seconds"] and o["seconds"]["rejected"]["p50"] < 1.0),
         ("aborts: in-flight back to 0", a["inflight_after"] == 0 and a["on_replicas_after"] == 0),
         ("hostile template: 4xx within 1 s", 400 <= h["status"] < 500 and h["seconds"] < 1.0),
     ]
