@@ -1,20 +1,23 @@
-"""`serve run ray_config.yaml` enters here: config -> predictor + vLLM pools -> router ingress."""
+"""`serve run ray_config.yaml` enters here: config -> predictor + vLLM pools -> router ingress.
+
+The edge where the YAML's `args` become typed objects (serving.config.StackConfig) and the
+predictor's checkpoints become a typed routing plan (serving.config.RoutingPlan); everything the
+deployments receive past this point is one of them.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 from ray.serve import Application
 from ray.serve.config import BackpressureConfig
 
-from deployments.config import PredictorSpec, StackConfig
+from api.app import Router
 from deployments.engine_pool import build_pool
 from deployments.predictor_deployment import LengthPredictor
 from predictor.checkpoint import CheckpointMeta, load_checkpoint
 from predictor.model_files import model_weights_hash, resolve_model_source
-from router.ingress import Router
-from router.length_bins import PoolBins, training_quantile
+from serving.config import PredictorSpec, RoutingPlan, StackConfig
 
 
 def _checkpoint_meta(path: Path, model_path: str) -> CheckpointMeta:
@@ -49,34 +52,16 @@ def _build_predictor(spec: PredictorSpec, checkpoints: dict[str, Path], model_pa
 def build_app(args: dict) -> Application:
     config = StackConfig.model_validate(args or {})
     model_path = resolve_model_source(config.model.source)
-    names = [pool.name for pool in config.pools]
-    predictor, predictor_name, head_bins, edges, median = None, None, {}, config.router.output_edges, None
+    predictor, heads, predictor_name = None, {}, None
     if config.predictor is not None:
         checkpoints = config.predictor.heads(config.router.policy, every_predicted=config.router.benchmark_headers)
         metas = {name: _checkpoint_meta(path, model_path) for name, path in checkpoints.items()}
-        # The first head names the predictor and, by default, sets the pools' output edges.
-        first = next(iter(metas.values()))
-        bins = PoolBins(tuple(names), tuple(edges)) if edges is not None else PoolBins.from_quantiles(names, first.bins)
+        heads = {name: meta.bins for name, meta in metas.items()}  # the router's default head first
+        predictor_name = next(iter(metas.values())).pooling.method
         predictor = _build_predictor(config.predictor, checkpoints, model_path)
-        predictor_name, median = first.pooling.method, training_quantile(first.bins, 0.5)
-        head_bins = {name: meta.bins.model_dump() for name, meta in metas.items()}
-    else:
-        bins = PoolBins(tuple(names), tuple(edges or ()))
-    pools = {pool.name: build_pool(config.model, pool, config.router.shortest_first) for pool in config.pools}
-    routing = {
-        "model_path": model_path,
-        "output_bins": asdict(bins),
-        "predictor_name": predictor_name,
-        "head_bins": head_bins,  # the router's default head first
-        "predictor_concurrency": config.predictor.concurrency() if config.predictor else 0,
-        "queue_order": asdict(config.router.queue.order(median)),
-        "capacities": {pool.name: pool.saturation() for pool in config.pools},
-        "replicas": {pool.name: pool.replicas() for pool in config.pools},
-        "per_replica": {pool.name: pool.deployment.get("max_ongoing_requests") for pool in config.pools},
-    }
-    return Router.options(**router_options(config)).bind(
-        pools=pools, predictor=predictor, config=config.model_dump(), routing=routing
-    )
+    plan = RoutingPlan.of(config, model_path, heads, predictor_name)
+    pools = {pool.name: build_pool(config.model, pool, config.router) for pool in config.pools}
+    return Router.options(**router_options(config)).bind(pools=pools, predictor=predictor, config=config, plan=plan)
 
 
 def router_options(config: StackConfig) -> dict:

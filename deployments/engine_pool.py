@@ -10,8 +10,8 @@ import os
 
 from ray.serve.llm import LLMConfig, build_llm_deployment
 
-from deployments.config import ModelSpec, PoolSpec
 from predictor.model_files import resolve_model_source
+from serving.config import ModelSpec, PoolSpec, RouterSpec
 
 # vLLM's engine process inherits these from the replica; they keep the engine off any model hub.
 _ENGINE_ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1"}
@@ -49,9 +49,9 @@ def engine_bundle(model: ModelSpec, pool: PoolSpec) -> dict[str, float]:
     return bundle
 
 
-def llm_config(model: ModelSpec, pool: PoolSpec, priority_scheduling: bool) -> LLMConfig:
+def llm_config(model: ModelSpec, pool: PoolSpec, router: RouterSpec) -> LLMConfig:
     engine_kwargs = {"max_model_len": model.max_model_len, **model.engine_kwargs}
-    if priority_scheduling:  # requests carry `priority` = predicted tokens: shortest first
+    if router.shortest_first:  # requests carry `priority` = predicted tokens: shortest first
         engine_kwargs["scheduling_policy"] = "priority"
     env = engine_env(model)
     deployment = {"name": pool.name, **pool.deployment}
@@ -60,10 +60,10 @@ def llm_config(model: ModelSpec, pool: PoolSpec, priority_scheduling: bool) -> L
     # The router holds waiting requests itself (at most the pool's slots in flight); Ray's own
     # queue in front of the replicas only absorbs what several router replicas over-admit.
     deployment.setdefault("max_queued_requests", 2 * deployment.get("max_ongoing_requests", 16))
-    # Ray's power of two choices, reporting where each request went (router.replica_router).
+    # The scheduling core's replica choice, reporting where each request went (serving.replica_router).
     deployment["request_router_config"] = {
-        "request_router_class": "router.replica_router:LedgerRequestRouter",
-        "request_router_kwargs": {"pool": pool.name},
+        "request_router_class": "serving.replica_router:LedgerRequestRouter",
+        "request_router_kwargs": {"pool": pool.name, "choice": router.replica_choice},
     }
     return LLMConfig(
         model_loading_config={
@@ -78,5 +78,5 @@ def llm_config(model: ModelSpec, pool: PoolSpec, priority_scheduling: bool) -> L
     )
 
 
-def build_pool(model: ModelSpec, pool: PoolSpec, priority_scheduling: bool):
-    return build_llm_deployment(llm_config(model, pool, priority_scheduling), name_prefix="pool-")
+def build_pool(model: ModelSpec, pool: PoolSpec, router: RouterSpec):
+    return build_llm_deployment(llm_config(model, pool, router), name_prefix="pool-")

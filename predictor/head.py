@@ -105,6 +105,24 @@ class LengthBins(BaseModel):
         frac = ((x - edges[k]) / (edges[k + 1] - edges[k])).clamp(0, 1)
         return below + frac * probs.gather(-1, k[:, None]).squeeze(-1)
 
+    def capped_mean(self, probs: Tensor, cap: float) -> Tensor:
+        """E[min(length, cap)] per row: bin centres below the cap, the cap above it, and in the bin
+        the cap cuts, lengths spread uniformly below it. A request's `max_tokens` caps its real
+        length, so it caps what the router expects of it."""
+        edges, centres = self.edges_t().to(probs.device), self.centres_t().to(probs.device)
+        lo, hi = edges[:-1], edges[1:]
+        below = ((cap - lo) / (hi - lo)).clamp(0, 1)
+        cut = below * (lo + cap) / 2 + (1 - below) * cap
+        value = torch.where(hi <= cap, centres, torch.where(lo >= cap, torch.full_like(centres, cap), cut))
+        return probs.float() @ value
+
+    def training_quantile(self, q: float) -> float:
+        """The q-quantile of the lengths the head was trained on: the bins are quantile bins of
+        them (about 1/K each), so it lies a fraction of the way through bin floor(q * K)."""
+        position = q * self.k
+        k = min(int(position), self.k - 1)
+        return self.edges[k] + (position - k) * (self.edges[k + 1] - self.edges[k])
+
     def quantile(self, probs: Tensor, q: float) -> Tensor:
         """Inverse CDF, assuming lengths spread uniformly inside each bin."""
         edges = self.edges_t().to(probs.device)

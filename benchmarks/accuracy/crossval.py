@@ -3,7 +3,7 @@
 Per variant, seed and fold: train on the training folds (early stopping and calibration on their
 inner validation part, benchmarks.accuracy.folds), predict the held-out fold, and keep, per
 prompt, what a scheduler reads: expected length, p10/p50/p90 and the pool the router would pick
-(most predicted mass, router.length_bins). Those out-of-fold predictions are stored per variant
+(most predicted mass, scheduling.pools). Those out-of-fold predictions are stored per variant
 and seed under the cache folder, keyed by the variant and the data, so a stopped run resumes and
 a rerun only trains what changed.
 """
@@ -29,7 +29,7 @@ from predictor.head import LengthBins
 from predictor.losses import LossConfig
 from predictor.targets import sample_rows
 from predictor.train import Example
-from router.length_bins import PoolBins
+from scheduling.pools import Pools
 
 FIELDS = ("expected", "p10", "p50", "p90", "pool")
 
@@ -58,7 +58,7 @@ class Corpus:
         return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:16]
 
 
-def from_distribution(probs: torch.Tensor, bins: LengthBins, pools: PoolBins) -> dict[str, np.ndarray]:
+def from_distribution(probs: torch.Tensor, bins: LengthBins, pools: Pools) -> dict[str, np.ndarray]:
     """Per-prompt summary of predicted distributions [n, K]."""
     p10, p90 = central_interval(probs, bins)
     masses = [pools.masses(bins, row) for row in probs.tolist()]
@@ -66,7 +66,7 @@ def from_distribution(probs: torch.Tensor, bins: LengthBins, pools: PoolBins) ->
             "p90": p90.numpy(), "pool": np.array([pools.names.index(max(m, key=m.get)) for m in masses])}
 
 
-def from_points(points: np.ndarray, pools: PoolBins) -> dict[str, np.ndarray]:
+def from_points(points: np.ndarray, pools: Pools) -> dict[str, np.ndarray]:
     """Per-prompt summary of point predictions: no spread, the pool that holds the point."""
     nan = np.full(len(points), np.nan)
     return {"expected": points, "p10": nan, "p50": points, "p90": nan,
@@ -81,7 +81,7 @@ def match_quantiles(scores: np.ndarray, reference_scores: np.ndarray, reference_
     return np.quantile(reference_lengths, np.clip(q, 0, 1))
 
 
-def _predict_fold(variant: Variant, inputs, corpus: Corpus, pools: PoolBins, split, seed: int):
+def _predict_fold(variant: Variant, inputs, corpus: Corpus, pools: Pools, split, seed: int):
     """(summary of the held-out prompts, training metrics) for one fold."""
     train, val, held_out = split
     lengths = corpus.lengths
@@ -106,7 +106,7 @@ def _predict_fold(variant: Variant, inputs, corpus: Corpus, pools: PoolBins, spl
     return from_points(match_quantiles(bins.expected(probs).numpy(), reference, train_lengths.numpy()), pools), metrics
 
 
-def cross_validate(variant: Variant, inputs_of: Callable[[Variant], object], corpus: Corpus, pools: PoolBins,
+def cross_validate(variant: Variant, inputs_of: Callable[[Variant], object], corpus: Corpus, pools: Pools,
                    seed: int, cache_dir: Path) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """Out-of-fold predictions of every prompt ({field: [P]}) and the mean training metrics over
     folds, from the cache when this variant, seed and data were run before (then its inputs are
@@ -135,7 +135,7 @@ def cross_validate(variant: Variant, inputs_of: Callable[[Variant], object], cor
 
 
 def run_variants(variants: dict[str, Variant], inputs_of: Callable[[Variant], object], corpus: Corpus,
-                 pools: PoolBins, seeds: int,
+                 pools: Pools, seeds: int,
                  cache_dir: Path) -> dict[str, tuple[dict[str, np.ndarray], dict[str, float]]]:
     """{name: ({field: [seeds, P]}, mean training metrics)}; identical variants run once, and the
     text models, which draw no random numbers, with one seed."""

@@ -24,7 +24,7 @@ from benchmarks.accuracy.crossval import Corpus, from_points
 from benchmarks.accuracy.folds import fold_split
 from benchmarks.accuracy.metrics import average, clustered_se, scores
 from predictor.calibration import interval_coverage
-from router.length_bins import PoolBins
+from scheduling.pools import Pools
 
 
 def _metrics(pred: dict[str, np.ndarray], truth: np.ndarray, prompts: np.ndarray, true_pool: np.ndarray,
@@ -42,7 +42,7 @@ def _metrics(pred: dict[str, np.ndarray], truth: np.ndarray, prompts: np.ndarray
     return out
 
 
-def score(pred: dict[str, np.ndarray], corpus: Corpus, pools: PoolBins) -> dict:
+def score(pred: dict[str, np.ndarray], corpus: Corpus, pools: Pools) -> dict:
     """{scenario: metrics, ..., "avg": their unweighted mean} of per-prompt predictions [seeds, P]."""
     rows, truth = corpus.samples()
     scenarios = np.asarray(corpus.scenarios)[rows]
@@ -84,7 +84,7 @@ def paired_test(errors_a: np.ndarray, errors_b: np.ndarray, corpus: Corpus) -> d
             "wilcoxon_p_value": float(wilcoxon), "prompts": n_prompts}
 
 
-def scenario_median(corpus: Corpus, pools: PoolBins) -> dict[str, np.ndarray]:
+def scenario_median(corpus: Corpus, pools: Pools) -> dict[str, np.ndarray]:
     """Out-of-fold predictions of each scenario's median training length, without reading the
     prompt: what a head must beat to have learned anything from it."""
     points = np.zeros(len(corpus.examples))

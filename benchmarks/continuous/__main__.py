@@ -127,7 +127,8 @@ def main(argv=None) -> None:
                 simulated_settings={
             "prediction_quality_test_split": setup.prediction_quality("test"),
             "requests_per_size": {str(n): simulated.requests_for(n) for n in args.replicas},
-            "layout": simulated.LAYOUT, "queue_order": asdict(setup.queue_order),
+            "layout": simulated.LAYOUT,
+            "queue_order": asdict(setup.config.router.queue.order(setup.plan.prior_tokens)),
             "max_ongoing_requests": setup.config.pools[0].deployment.get("max_ongoing_requests")})
     else:
         _update(out, design=simulated.design(setup, args.workers, args.seed, args.replicas))

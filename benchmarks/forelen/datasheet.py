@@ -10,7 +10,7 @@ median of 3 is noisy): the true floor lies between the two, so both are reported
 
 The ceiling pool accuracy is the same question for routing: the share of samples whose true
 length falls in the pool that the prompt's sample median picks, with the router's pool edges
-(equal shares of the ESTP head's training lengths, `PoolBins.from_quantiles`).
+(equal shares of the ESTP head's training lengths, `Pools.from_quantiles`).
 
     python -m benchmarks.forelen.datasheet            # writes benchmarks/results/forelen_dataset.*
 """
@@ -28,7 +28,7 @@ from benchmarks.forelen.build import DEFAULT_OUT
 from benchmarks.forelen.sources import SCENARIOS, SPLIT_FRACTIONS
 from predictor.checkpoint import read_meta
 from predictor.dataset import load_meta, load_samples
-from router.length_bins import PoolBins
+from scheduling.pools import Pools
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)
@@ -81,25 +81,25 @@ def within_prompt_variance_share(rows: list[dict]) -> float | None:
     return float(sum(((x - x.mean()) ** 2).sum() for x in groups) / total) if total > 0 else None
 
 
-def pool_accuracy(predicted, truth, pools: PoolBins) -> float:
+def pool_accuracy(predicted, truth, pools: Pools) -> float:
     """Share of samples routed to the pool their true length falls in."""
     return float(np.mean([pools.pool_of(p) == pools.pool_of(t) for p, t in zip(predicted, truth)]))
 
 
-def ceiling_pool_accuracy(rows: list[dict], pools: PoolBins, reference=in_sample_medians) -> float | None:
+def ceiling_pool_accuracy(rows: list[dict], pools: Pools, reference=in_sample_medians) -> float | None:
     truth, predicted = _reference_pairs(rows, reference)
     return pool_accuracy(predicted, truth, pools) if truth.size else None
 
 
-def router_pools(checkpoint: Path = ESTP_CHECKPOINT) -> PoolBins:
+def router_pools(checkpoint: Path = ESTP_CHECKPOINT) -> Pools:
     """The router's default pools: equal shares of the ESTP head's training lengths."""
-    return PoolBins.from_quantiles(list(POOLS), read_meta(checkpoint).bins)
+    return Pools.from_quantiles(list(POOLS), read_meta(checkpoint).bins)
 
 
 REFERENCES = {"in_sample": in_sample_medians, "leave_one_out": leave_one_out_medians}
 
 
-def ceiling(rows: list[dict], pools: PoolBins) -> dict:
+def ceiling(rows: list[dict], pools: Pools) -> dict:
     """Per scenario: noise-floor MAE, within-prompt variance share and ceiling pool accuracy,
     for the in-sample and the leave-one-out median; the prompts and samples each covers."""
     out = {}
@@ -126,7 +126,7 @@ def target_samples(settings: dict, scenario: str) -> int:
     return (n - held_out) * each + held_out * max(each, settings.get("heldout_samples", {}).get(scenario, 0))
 
 
-def summarize(rows: list[dict], meta: dict, pools: PoolBins) -> dict:
+def summarize(rows: list[dict], meta: dict, pools: Pools) -> dict:
     settings = meta["settings"]
     scenarios = {}
     for name in SCENARIOS:

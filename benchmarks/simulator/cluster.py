@@ -1,13 +1,18 @@
-"""The event loop: arrivals are routed to pools, pools hand requests to replicas, replicas step.
+"""The event loop: requests are decided, admitted and released by the router's own scheduling core,
+replicas are chosen by its replica choice, and modelled engines step.
 
 A pool is a Ray Serve deployment of identical replicas, each accepting at most
-`max_ongoing_requests`; beyond that requests wait in the router's admission queue for the pool
-(router.admission: FIFO for length-blind policies, shortest-first with aging for the others)
-until a replica frees a slot, and a free slot goes to a replica chosen by `replica_choice`
-(benchmarks.simulator.replica_choice; Ray's power of two choices by default). Open loop routes each request when it arrives (spillover, in-flight
-counts); batch mode is the replay's batch-synchronous mode: every request is there at t = 0, the
-policy plans its pool beforehand (no spillover), and each replica decodes one group of
-`batch_size` at a time, taking the pool's next group in trace order when its group is done.
+`max_ongoing_requests`. Every decision is the stack's code, on the simulation's clock:
+- online (`continuous`): each arrival goes through `Scheduler.decide` and `Scheduler.admit`
+  (scheduling.scheduler): it dispatches while its pool has a free slot and waits in the pool's
+  queue otherwise; a freed slot goes to `Scheduler.release`'s pick, on the replica that
+  `rank_replicas` (scheduling.replica_choice) ranks first among those with room;
+- `batch`: the replay's batch-synchronous mode: every request is there at t = 0, the policy plans
+  its pool beforehand (no spillover), and each replica decodes one group of `batch_size` at a time;
+- rollouts (`simulate_rollout`): every sample is there at t = 0, and the rollout's plan
+  (scheduling.rollout_plans) picks which sample takes each freed slot and which replica it asks
+  for, exactly as the router's rollout runner does; `padding` runs similar-length groups, one
+  group per replica at a time.
 Events are the next arrival (a pointer into the sorted workload) and each replica's end of its
 current run of steps (a heap; a run cut short by an arrival is re-pushed with a new version and
 its old entry skipped).
@@ -17,20 +22,21 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel
 
 from benchmarks.simulator.engine import Engine, EngineLimits, Sequence
-from benchmarks.simulator.replica_choice import REPLICA_CHOICE, ReplicaScore
-from benchmarks.simulator.routing import SimRouter
-from router.admission import Admission
-from router.siblings import SiblingEstimates
 from benchmarks.simulator.step_time import StepTimeModel
-from router.policies import Job
+from benchmarks.simulator.workload import Workload
+from scheduling.admission import Admission
+from scheduling.replica_choice import Choice, ReplicaLoad, rank_replicas
+from scheduling.request import Request
+from scheduling.rollout_plans import RolloutPlan, padding_groups, remaining_tokens
+from scheduling.scheduler import Scheduler
 
 
 class ClusterSpec(BaseModel):
@@ -40,9 +46,9 @@ class ClusterSpec(BaseModel):
     mode: Literal["continuous", "batch"] = "continuous"
     batch_size: int = 16  # batch mode: requests decoded together
     # Every step takes this many times the calibrated time: replicas sharing fewer cores than
-    # they are (the replay's 3 one-thread engines on 2 cores: 1.5). 1: each has its own hardware.
+    # they are. 1: each has its own hardware.
     step_slowdown: float = 1.0
-    replica_choice: str = "pow2"  # benchmarks.simulator.replica_choice.REPLICA_CHOICE
+    replica_choice: Choice = "least_inflight"  # the stack's (router.replica_choice)
 
     def per_replica(self) -> int:
         """Requests a replica holds: its ongoing limit, or exactly one group in batch mode."""
@@ -55,52 +61,41 @@ class ClusterSpec(BaseModel):
 
 
 @dataclass
-class Workload:
-    """Requests sorted by arrival; `jobs` are what the router's policies see for each."""
-
-    arrival: np.ndarray
-    prompt_tokens: np.ndarray
-    output_tokens: np.ndarray  # true lengths, >= 1
-    max_tokens: np.ndarray
-    jobs: list[Job]
-    # What prediction-informed replica choice reads: each request's predicted distribution
-    # (head bins, probabilities), or None (benchmarks.simulator.replica_choice).
-    distributions: list | None = None
-    prompt_ids: list[str] | None = None  # siblings (router.siblings): requests of the same prompt
-
-    def __len__(self) -> int:
-        return len(self.arrival)
-
-
-@dataclass
 class Outcome:
-    pool: np.ndarray  # pool index per request
-    decided_by: list[str]  # the policy that chose each request's pool (the fallback's name if it did)
     first_token: np.ndarray
     finish: np.ndarray
-    groups: list[list[int]]  # batch mode: the requests of every batch run
+    groups: list[list[int]]  # batch mode and padding: the requests of every group run together
     rejected: np.ndarray  # bool per request: refused by a full queue (the stack's 429)
     replica: np.ndarray  # the replica (engine index) each request ran on, -1 if none
 
 
 class _Pool:
-    """A pool's replicas; `free` lists the replicas below their ongoing limit. Waiting requests
-    are the router's business (its admission queue), not the pool's."""
+    """A pool's replicas and their requests in flight, as Ray's router sees them."""
 
-    def __init__(self, engines: list[Engine], max_ongoing: int, rng: random.Random, score: ReplicaScore):
-        self.engines, self.max_ongoing, self.rng, self.score = engines, max_ongoing, rng, score
+    def __init__(self, first: int, engines: list[Engine], max_ongoing: int, choice: Choice, rng: random.Random):
+        self.first, self.engines, self.max_ongoing, self.choice, self.rng = first, engines, max_ongoing, choice, rng
         self.ongoing = [0] * len(engines)
-        self.free = list(range(len(engines)))
+        self.free = list(range(len(engines)))  # replicas below their ongoing limit
         self._slot = list(range(len(engines)))  # replica -> its position in `free`, -1 when full
 
-    def take(self, now: float) -> int:
-        """A replica with room, by the pool's replica choice; one slot of it. The admission queue
-        only dispatches while the pool has a free slot, so there always is one."""
-        k = self.free[0] if len(self.free) == 1 else self.score.pick(self, now)
+    def loads(self, work: Callable[[int], float] | None = None) -> list[ReplicaLoad]:
+        """What the replica choice sees of the replicas with room (their engine indices as ids)."""
+        return [ReplicaLoad(str(k), self.ongoing[k], work(k) if work else 0.0) for k in self.free]
+
+    def choose(self, pinned: int | None = None) -> int:
+        """The stack's replica choice among the replicas with room (a pin first, if it has room)."""
+        if len(self.free) == 1:
+            return self.free[0]
+        groups = rank_replicas(self.choice, self.loads(), self.rng, None if pinned is None else str(pinned))
+        return int(groups[0][0])
+
+    def take(self, k: int) -> None:
         self.ongoing[k] += 1
         if self.ongoing[k] >= self.max_ongoing:
-            self._remove(k)
-        return k
+            i, last = self._slot[k], self.free[-1]
+            self.free[i], self._slot[last] = last, i
+            self.free.pop()
+            self._slot[k] = -1
 
     def give_back(self, k: int) -> None:
         if self.ongoing[k] >= self.max_ongoing:
@@ -108,113 +103,184 @@ class _Pool:
             self.free.append(k)
         self.ongoing[k] -= 1
 
-    def _remove(self, k: int) -> None:
-        i, last = self._slot[k], self.free[-1]
-        self.free[i], self._slot[last] = last, i
-        self.free.pop()
-        self._slot[k] = -1
 
+class _Loop:
+    """Engines, pools and the event heap shared by every mode."""
 
-def simulate(
-    workload: Workload, router: SimRouter, spec: ClusterSpec, limits: EngineLimits, model: StepTimeModel,
-    seed: int = 0, siblings: SiblingEstimates | None = None,
-) -> Outcome:
-    """`siblings`: a finished request re-ranks the waiting requests of its prompt (a rollout)."""
-    n = len(workload)
-    rng = random.Random(seed)
-    names = spec.pools
-    pools, replica_pool, engines = [], [], []
-    score = REPLICA_CHOICE[spec.replica_choice](workload, rng)
-    for p, name in enumerate(names):
-        members = []
-        for _ in range(spec.replicas[name]):
-            engine = Engine(limits, model, spec.batch_size if spec.mode == "batch" else None)
-            members.append(len(engines))
-            engines.append(engine)
-            replica_pool.append((p, len(members) - 1))
-        pools.append(_Pool([engines[i] for i in members], spec.per_replica(), rng, score))
-    queues = [router.load.queues[name] for name in names]
-    for name, q in zip(names, queues):
-        if q.slots != spec.capacities()[name]:  # the router would dispatch to replicas that have no room
-            raise ValueError(f"pool {name}: the router counts {q.slots} slots, its replicas hold {spec.capacities()[name]}")
-    first_index = np.cumsum([0] + [spec.replicas[name] for name in names])
-    version = [0] * len(engines)
-    events: list[tuple[float, int, int]] = []  # (time, replica, version)
-    pool_of = np.full(n, -1, dtype=np.int64)
-    first_token = np.full(n, np.nan)
-    finish = np.full(n, np.nan)
-    rejected = np.zeros(n, dtype=bool)
-    replica_of = np.full(n, -1, dtype=np.int64)
-    planned = spec.mode == "batch"
-    decided_by = [""] * n
-    seqs: dict[int, Sequence] = {}
+    def __init__(self, spec: ClusterSpec, limits: EngineLimits, model: StepTimeModel, n: int, seed: int):
+        rng = random.Random(seed)
+        self.spec = spec
+        self.engines: list[Engine] = []
+        self.pools: dict[str, _Pool] = {}
+        self.pool_of_engine: list[str] = []
+        batch = spec.batch_size if spec.mode == "batch" else None
+        for name in spec.pools:
+            members = [Engine(limits, model, batch) for _ in range(spec.replicas[name])]
+            self.pools[name] = _Pool(len(self.engines), members, spec.per_replica(), spec.replica_choice, rng)
+            self.engines += members
+            self.pool_of_engine += [name] * len(members)
+        self.version = [0] * len(self.engines)
+        self.events: list[tuple[float, int, int]] = []  # (time, engine, version)
+        self.first_token = np.full(n, np.nan)
+        self.finish = np.full(n, np.nan)
+        self.rejected = np.zeros(n, dtype=bool)
+        self.replica_of = np.full(n, -1, dtype=np.int64)
 
-    def schedule(r: int, at: float) -> None:
-        version[r] += 1
-        heapq.heappush(events, (at, r, version[r]))
+    def submit(self, i: int, request: Request, output: int, pool: str, k: int, now: float) -> int:
+        """Request i starts on replica k of `pool` now; returns its engine index (the caller kicks it)."""
+        p = self.pools[pool]
+        p.take(k)
+        r = p.first + k
+        self.engines[r].submit(Sequence(i, int(request.prompt_tokens or 1), output, request.priority or 0))
+        self.replica_of[i] = r
+        request.replica, request.dispatched_at = str(r), now
+        return r
 
-    def kick(r: int, now: float) -> None:
-        engine = engines[r]
+    def kick(self, r: int, now: float) -> None:
+        engine = self.engines[r]
         if engine.busy_until is None:
-            engine.start(now, spec.step_slowdown)
+            engine.start(now, self.spec.step_slowdown)
             if engine.busy_until is not None:
-                schedule(r, engine.busy_until)
+                self._schedule(r, engine.busy_until)
         else:
             cut = engine.arrival_cuts_run(now)
             if cut is not None:
-                schedule(r, cut)
+                self._schedule(r, cut)
 
-    def dispatch(p: int, i: int, now: float) -> int:
-        """The replica that takes request i now (the caller kicks it)."""
-        if siblings is not None:
-            siblings.started(i)
-        r = int(first_index[p]) + pools[p].take(now)
-        engines[r].submit(seqs.pop(i))
-        replica_of[i] = r
-        return r
+    def _schedule(self, r: int, at: float) -> None:
+        self.version[r] += 1
+        heapq.heappush(self.events, (at, r, self.version[r]))
+
+    def next_event_time(self) -> float | None:
+        while self.events and self.events[0][2] != self.version[self.events[0][1]]:
+            heapq.heappop(self.events)
+        return self.events[0][0] if self.events else None
+
+    def step(self) -> tuple[float, int, list[int]]:
+        """The next engine event: (time, engine, requests finished there); first tokens recorded."""
+        now, r, _ = heapq.heappop(self.events)
+        log = self.engines[r].settle()
+        for i in log.first_token:
+            self.first_token[i] = now
+        for i in log.finished:
+            self.finish[i] = now
+            self.pools[self.pool_of_engine[r]].give_back(r - self.pools[self.pool_of_engine[r]].first)
+        return now, r, log.finished
+
+    def outcome(self) -> Outcome:
+        return Outcome(self.first_token, self.finish, [g for e in self.engines for g in e.groups], self.rejected,
+                       self.replica_of)
+
+
+def simulate(workload: Workload, scheduler: Scheduler, spec: ClusterSpec, limits: EngineLimits, model: StepTimeModel,
+             max_model_len: int, seed: int = 0) -> Outcome:
+    """Online (continuous) or batch mode: the scheduler decides, admits and releases every request."""
+    requests, n = workload.requests, len(workload)
+    for name, q in scheduler.queues.items():
+        if q.slots != spec.capacities()[name]:  # the router would dispatch to replicas that have no room
+            raise ValueError(f"pool {name}: the router counts {q.slots} slots, its replicas hold {spec.capacities()[name]}")
+    loop = _Loop(spec, limits, model, n, seed)
+    index = {id(r): i for i, r in enumerate(requests)}
+    planned = spec.mode == "batch"
+
+    def start(request: Request, now: float) -> int:
+        i = index[id(request)]
+        return loop.submit(i, request, int(workload.output_tokens[i]), request.pool,
+                           loop.pools[request.pool].choose(), now)
 
     next_arrival = 0
-    while next_arrival < n or events:
-        if next_arrival < n and (not events or workload.arrival[next_arrival] <= events[0][0]):
-            now = float(workload.arrival[next_arrival])
+    while next_arrival < n or loop.events:
+        t_event = loop.next_event_time()
+        if next_arrival < n and (t_event is None or requests[next_arrival].arrival <= t_event):
+            now = requests[next_arrival].arrival
             touched = set()  # requests arriving together are scheduled together (a batch's group)
-            while next_arrival < n and workload.arrival[next_arrival] == now:
-                i = next_arrival
+            while next_arrival < n and requests[next_arrival].arrival == now:
+                request = requests[next_arrival]
                 next_arrival += 1
-                decision, priority = router.route(workload.jobs[i], plan=planned)
-                decided_by[i] = decision.policy
-                if siblings is not None:
-                    siblings.add(i, workload.prompt_ids[i], decision.rank_tokens)
-                p = names.index(decision.pool)
-                pool_of[i] = p
-                seqs[i] = Sequence(i, int(workload.prompt_tokens[i]), int(workload.output_tokens[i]), priority)
-                verdict = queues[p].offer(i, now, decision.rank_tokens, decision.on_prior)
+                scheduler.decide(request, spill=not planned)
+                request.priority = scheduler.priority(request, max_model_len)
+                verdict = scheduler.admit(request, now)
                 if verdict is Admission.DISPATCH:
-                    touched.add(dispatch(p, i, now))
+                    touched.add(start(request, now))
                 elif verdict is Admission.FULL:  # 429: never served (first token and finish stay NaN)
-                    rejected[i] = True
-                    del seqs[i]
+                    loop.rejected[index[id(request)]] = True
             for r in touched:
-                kick(r, now)
+                loop.kick(r, now)
             continue
-        now, r, v = heapq.heappop(events)
-        if v != version[r]:
-            continue
-        log = engines[r].settle()
-        for i in log.first_token:
-            first_token[i] = now
-        p, k = replica_pool[r]
+        if t_event is None:
+            break
+        now, r, finished = loop.step()
         touched = {r}  # slots freed at this boundary are filled before anyone schedules
-        for i in log.finished:
-            finish[i] = now
-            pools[p].give_back(k)
-            if siblings is not None:
-                for sibling, tokens in siblings.finished(i, int(workload.output_tokens[i])):
-                    queues[pool_of[sibling]].reprioritise(sibling, tokens)
-            if (waiting := queues[p].release(now)) is not None:
-                touched.add(dispatch(p, waiting, now))
+        for i in finished:
+            if (waiting := scheduler.release(requests[i].pool, now)) is not None:
+                touched.add(start(waiting, now))
         for t in touched:
-            kick(t, now)
-    groups = [g for e in engines for g in e.groups]
-    return Outcome(pool=pool_of, decided_by=decided_by, first_token=first_token, finish=finish, groups=groups,
-                   rejected=rejected, replica=replica_of)
+            loop.kick(t, now)
+    return loop.outcome()
+
+
+def simulate_rollout(workload: Workload, schedule: str, spec: ClusterSpec, limits: EngineLimits, model: StepTimeModel,
+                     batch_size: int = 8, siblings: bool = False, seed: int = 0) -> Outcome:
+    """A rollout of one pool: every sample at t = 0, scheduled by the router's rollout plans."""
+    requests, n = workload.requests, len(workload)
+    (pool_name,) = spec.pools
+    loop = _Loop(spec, limits, model, n, seed)
+    pool = loop.pools[pool_name]
+    index = {id(r): i for i, r in enumerate(requests)}
+    for request in requests:
+        request.pool = pool_name
+
+    def start(request: Request, k: int, now: float) -> int:
+        i = index[id(request)]
+        return loop.submit(i, request, int(workload.output_tokens[i]), pool_name, k, now)
+
+    def work(k: int, now: float) -> float:
+        """Predicted work left on replica k: its samples' estimates less what they generated."""
+        engine = pool.engines[k]
+        seqs = [*engine.running, *engine.waiting()]
+        progress = engine.steps_done(now)
+        return remaining_tokens([requests[s.index] for s in seqs],
+                                [s.generated + (progress if s.prefill_left == 0 else 0) for s in seqs])
+
+    if schedule == "padding":
+        groups = padding_groups(requests, batch_size)
+        for k in range(len(pool.engines)):  # each replica takes the next group when its own is done
+            if groups:
+                for request in groups.pop(0):
+                    start(request, k, 0.0)
+                loop.kick(pool.first + k, 0.0)
+        while loop.next_event_time() is not None:
+            now, r, _ = loop.step()
+            engine = loop.engines[r]
+            if not engine.running and not any(True for _ in engine.waiting()) and groups:
+                for request in groups.pop(0):
+                    start(request, r - pool.first, now)
+            loop.kick(r, now)
+        out = loop.outcome()
+        return replace(out, groups=_groups_of(requests, index))
+    plan = RolloutPlan(requests, schedule, siblings)
+
+    def fill(now: float) -> set[int]:
+        touched = set()
+        while len(plan) and pool.free:
+            sample = plan.next()
+            pinned = plan.place(sample, pool.loads(lambda k: work(k, now)) if plan.schedule == "makespan" else [])
+            touched.add(start(sample, pool.choose(None if pinned is None else int(pinned)), now))
+        return touched
+
+    for r in fill(0.0):
+        loop.kick(r, 0.0)
+    while loop.next_event_time() is not None:
+        now, r, finished = loop.step()
+        for i in finished:
+            plan.finished(requests[i], int(workload.output_tokens[i]))
+        for t in fill(now) | {r}:
+            loop.kick(t, now)
+    return loop.outcome()
+
+
+def _groups_of(requests: list[Request], index: dict) -> list[list[int]]:
+    groups: dict[int, list[int]] = {}
+    for request in requests:
+        groups.setdefault(request.group, []).append(index[id(request)])
+    return [groups[g] for g in sorted(groups)]

@@ -2,7 +2,7 @@
 
 The simulator must route on what the deployed predictor would answer, so the predictions come
 from the committed checkpoints through the estimator's own head path
-(predictor.estimator.head_predictions), on the token ids the router computes (`router.prompt_ids`
+(predictor.estimator.head_predictions), on the token ids the router computes (`serving.render`
 on the chat request a client sends). Where the training feature cache (predictor/cache, filled by
 `predictor.train` and the accuracy benchmark) holds a prompt's prefill features, they are reused:
 no prefill at all, only pooling and the heads (its hidden states are stored as float16, so a
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from benchmarks.forelen.build import DEFAULT_OUT
 from predictor.dataset import load_samples
-from deployments.config import HEAD_CHECKPOINTS, head_checkpoint
+from serving.config import HEAD_CHECKPOINTS, head_checkpoint
 from predictor.head import LengthPrediction
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -50,7 +50,7 @@ def chat_body(model_id: str, prompt: str, max_tokens: int | None):
 
 
 def router_ids(tokenizer, model_id: str, prompt: str) -> list[int]:
-    from router.prompt_ids import prompt_ids
+    from serving.render import prompt_ids
 
     return prompt_ids(tokenizer, chat_body(model_id, prompt, None), "chat")[0]
 

@@ -10,7 +10,7 @@ the replay's own (benchmarks.replay.metrics).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
@@ -18,9 +18,6 @@ from benchmarks.replay.metrics import summarise
 from benchmarks.replay.trace import build_trace
 from benchmarks.simulator.experiment import run
 from benchmarks.simulator.setup import Setup
-
-POLICY_ORDER = ("round_robin", "ray_default", "input_length", "egtp", "estp", "oracle")
-
 
 def replica_capacity_rps(setup: Setup, split: str = "test", replicas: int = 10, per_replica: int = 300,
                          seed: int = 0) -> float:
@@ -68,9 +65,9 @@ class SimJob:
     arrival: str = "poisson"
     rps_per_replica: float = 0.1
     n: int = 100_000
-    replica_choice: str = "pow2"
     max_overtake_s: float | None = None  # None: the configured queue order (router.queue)
     rank_by: str | None = None  # None: the configured router.rank_by
+    replica_choice: str | None = None  # None: the configured router.replica_choice
 
 
 _WORKER: dict = {}  # per worker process: the setup and the traces it built
@@ -86,11 +83,10 @@ def _one(job: SimJob) -> tuple[SimJob, dict]:
     key = (job.replicas, job.arrival, rate, job.n)
     if key not in w["traces"]:
         w["traces"][key] = build_trace(split=w["split"], n=job.n, arrival=job.arrival, rate=rate, seed=w["seed"])
-    order = None if job.max_overtake_s is None else replace(setup.queue_order, max_overtake_s=job.max_overtake_s)
     start = time.perf_counter()
     sim = run(setup, w["traces"][key], job.policy, job.replicas, job.mode, job.batch_size, seed=w["seed"],
-              load_rps=rate, sizing=job.sizing, noise=job.noise, replica_choice=job.replica_choice, order=order,
-              rank_by=job.rank_by)
+              load_rps=rate, sizing=job.sizing, noise=job.noise, max_overtake_s=job.max_overtake_s,
+              rank_by=job.rank_by, replica_choice=job.replica_choice)
     summary = summarise(sim.records, job.batch_size)
     summary["sim_wall_s"] = round(time.perf_counter() - start, 2)
     summary["fallback_share"] = sum(rec.routed_policy != job.policy for rec in sim.records) / len(sim.records)
@@ -108,20 +104,3 @@ def simulate_jobs(setup: Setup, jobs: list[SimJob], split: str = "test", seed: i
 
     with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(setup, split, seed)) as pool:
         return dict(tqdm(pool.map(_one, jobs), total=len(jobs), desc="simulate", unit="run"))
-
-
-def scale_runs(setup: Setup, replicas: list[int], n: int, rps_per_replica: float, modes: list[str],
-               batch_size: int, sizings: list[str], split: str = "test", seed: int = 0,
-               policies=POLICY_ORDER, workers: int = 2) -> dict:
-    """{sizing: {replicas: {mode: {"policies": {policy: metrics}, "gains": ...}}}}"""
-    jobs = [SimJob(r, p, mode, s, batch_size, rps_per_replica=rps_per_replica, n=n)
-            for r in replicas for s in sizings for mode in modes for p in policies]
-    results: dict = {}
-    for job, summary in simulate_jobs(setup, jobs, split, seed, workers).items():
-        results.setdefault(job.sizing, {}).setdefault(str(job.replicas), {}).setdefault(job.mode, {})[job.policy] = summary
-    for by_size in results.values():
-        for by_mode in by_size.values():
-            for mode, by_policy in by_mode.items():
-                by_mode[mode] = {"policies": by_policy, "gains": gains(by_policy),
-                                 "gains_vs_ray_default": gains(by_policy, "ray_default")}
-    return results

@@ -26,14 +26,14 @@ HEADS = ("estp", "egtp")
 
 def pool_accuracy(setup: Setup, trace, policy: str, noise: float, seed: int) -> float | None:
     """Share of the trace's requests (those with a prediction) whose routed-on length falls in the
-    true length's pool, computed from the very jobs the simulator routes."""
+    true length's pool, computed from the very requests the simulator routes."""
     head = head_for(policy)
     trace = sorted(trace, key=lambda r: r.arrival_s)
-    jobs = build_workload(trace, setup.predictions[head], setup.head_bins[head], setup.pool_bins,
-                          setup.max_prompt_tokens, known_lengths(trace, policy, noise, seed)).jobs
-    pool_of = setup.pool_bins.pool_of
-    hits = [(pool_of(j.true_tokens) if policy == "oracle" else j.prediction["bin"]) == pool_of(r.true_output_tokens)
-            for j, r in zip(jobs, trace) if policy == "oracle" or j.prediction is not None]
+    pools = setup.plan.pools
+    requests = build_workload(trace, policy, setup.predictions[head], setup.head_bins[head], pools,
+                              setup.max_prompt_tokens, known_lengths(trace, policy, noise, seed)).requests
+    hits = [(pools.pool_of(q.told_tokens) if policy == "oracle" else q.prediction.pool) == pools.pool_of(r.true_output_tokens)
+            for q, r in zip(requests, trace) if policy == "oracle" or q.prediction is not None]
     return sum(hits) / len(hits) if hits else None
 
 

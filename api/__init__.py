@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP API: routes, protocol models, validation, auth and response headers."""

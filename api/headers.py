@@ -1,0 +1,92 @@
+"""What a response says about its request's routing, and the benchmark headers a request may carry.
+
+Clients and benchmarks see what the router did with each request (pool, deciding policy,
+prediction, spillover, fallback, time spent routing and waiting) without access to the server's
+logs or metrics: as `X-` headers on every answer, and in a JSON answer's `length_prediction` and
+`routing` fields (OpenAI clients expose unknown fields as extras). All of it is read off the
+request's record (scheduling.request).
+"""
+
+from __future__ import annotations
+
+from scheduling.request import Prediction, Request
+from serving.errors import APIError
+from serving.pipeline import Overrides
+
+from api.auth import Keys
+
+POLICY_HEADER = "x-routing-policy"
+ORACLE_HEADER = "x-true-output-tokens"
+POOL_HEADER = "x-target-pool"
+PREDICT_HEADER = "x-predict"
+
+
+def _ms(start: float | None, end: float | None) -> float:
+    return 0.0 if start is None or end is None else (end - start) * 1000
+
+
+def routing_ms(request: Request) -> float:
+    """Rendering, predicting (pool policies) and deciding: what routing adds."""
+    return _ms(request.arrival, request.decided_at)
+
+
+def queued_ms(request: Request) -> float:
+    """Waiting for a free slot in the pool's queue."""
+    return _ms(request.decided_at, request.dispatched_at) if request.queued else 0.0
+
+
+def prediction_json(prediction: Prediction, prompt_tokens: int | None) -> dict:
+    """The prediction on the wire; `bin` is the pool's name (kept for clients of earlier releases)."""
+    return {"expected_tokens": prediction.expected_tokens, "quantiles": prediction.quantiles,
+            "pool": prediction.pool, "bin": prediction.pool, "pool_probabilities": prediction.pool_probabilities,
+            "prompt_tokens": prompt_tokens}
+
+
+def routing_headers(request: Request) -> dict[str, str]:
+    headers = {"X-Pool": request.pool, "X-Routing-Policy": request.decided_by,
+               "X-Routing-Ms": f"{routing_ms(request):.1f}", "X-Queue-Ms": f"{queued_ms(request):.1f}"}
+    if request.prediction is not None:
+        headers["X-Predicted-Tokens"] = str(round(request.prediction.expected_tokens))
+        headers["X-Length-Bin"] = request.prediction.pool
+    if request.spilled_from is not None:
+        headers["X-Spilled-From"] = request.spilled_from
+    if request.fallback is not None:
+        headers["X-Routing-Fallback"] = request.fallback
+    return headers
+
+
+def routing_extension(request: Request) -> dict:
+    """Extra top-level fields of a JSON response."""
+    prediction = None if request.prediction is None else prediction_json(request.prediction, request.prompt_tokens)
+    routing = {"pool": request.pool, "policy": request.decided_by, "spilled_from": request.spilled_from,
+               "fallback": request.fallback, "priority": request.priority, "routing_ms": round(routing_ms(request), 1),
+               "queued_ms": round(queued_ms(request), 1)}
+    return {"length_prediction": prediction, "routing": routing}
+
+
+def benchmark_overrides(headers, enabled: bool, policies, pools, keys: Keys) -> Overrides:
+    """Reads the benchmark headers; raises APIError 400 on a bad value, or on any of them when off,
+    and 401 without the benchmark key (api.auth).
+
+    Refusing them when off (rather than ignoring them) keeps a benchmark pointed at a production
+    router from silently measuring the configured policy under another policy's name.
+    """
+    policy, told, pool, predict = (headers.get(h) for h in (POLICY_HEADER, ORACLE_HEADER, POOL_HEADER,
+                                                             PREDICT_HEADER))
+    given = [h for h, v in ((POLICY_HEADER, policy), (ORACLE_HEADER, told), (POOL_HEADER, pool),
+                            (PREDICT_HEADER, predict)) if v is not None]
+    if not enabled:
+        if given:
+            raise APIError(400, f"{', '.join(given)}: benchmark headers are off (router.benchmark_headers: false).")
+        return Overrides()
+    if given:
+        keys.check_benchmark(headers)
+    if policy is not None and policy not in policies:
+        raise APIError(400, f"Unknown routing policy {policy!r} in {POLICY_HEADER}; one of {sorted(policies)}.")
+    if told is not None and not told.isdigit():
+        raise APIError(400, f"{ORACLE_HEADER} must be a non-negative integer, got {told!r}.")
+    if pool is not None and pool not in pools:
+        raise APIError(400, f"Unknown pool {pool!r} in {POOL_HEADER}; one of {list(pools)}.")
+    if predict not in (None, "all", "waiting"):
+        raise APIError(400, f"{PREDICT_HEADER} must be 'all' or 'waiting', got {predict!r}.")
+    return Overrides(policy, None if told is None else int(told), pool, None if predict is None else predict == "all")

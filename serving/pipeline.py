@@ -1,0 +1,299 @@
+"""One request's way through the router: render -> predict -> decide -> admit -> dispatch -> complete.
+
+Free of HTTP: the API layer (api.app) parses and authenticates, hands the typed body here, and
+turns the result into a response. Each stage fills the request's one record (scheduling.request):
+1. render: the token ids the engine will see (serving.render), off the event loop, time-limited;
+2. predict: a pool policy (estp, egtp, last) needs its prediction to pick a pool, so it waits for
+   it here; a work policy (last_work, ...) never does;
+3. decide: the scheduling core (scheduling.scheduler) picks the pool, spills, and ranks; while
+   live quality distrusts the policy's head (serving.live_quality), its fallback decides;
+4. admit: a free slot dispatches at once, else the request waits in the pool's queue
+   (serving.gate), or gets 429 with Retry-After when the queue is full. A work policy's
+   prediction runs while its request waits and re-ranks it when it lands; with
+   `predictor.predict: all` requests dispatched at once are predicted too, off their path;
+5. dispatch: to the pool's replicas through the one pool client (serving.pool_client);
+6. complete: the slot goes to the next waiting request, the prediction is scored against the
+   real length (which may switch the router length-blind), and the record is logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ray.serve.handle import DeploymentHandle
+from vllm.entrypoints.generate.base.protocol import StreamOptions
+
+from scheduling.policies import POLICIES, head_of
+from scheduling.request import Request
+from serving.config import RoutingPlan, StackConfig, build_scheduler
+from serving.errors import APIError
+from serving.gate import Gate, QueueFull
+from serving.live_quality import LiveQuality
+from serving.pool_client import Answer, PoolClient, once
+from serving.predictor_client import Outcome, PredictorClient
+from serving.render import UnsupportedPrompt, prompt_ids
+from serving.replica_ledger import ledger
+from serving.request_log import RequestLog
+from serving.rollout import RolloutRequest, RolloutRunner
+from serving.telemetry import QualityMetrics, QueueMetrics, RoutingMetrics
+
+log = logging.getLogger("ray.serve")
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What a benchmark asked of one request (router.benchmark_headers: true only)."""
+
+    policy: str | None = None  # decide by this policy instead of the configured one
+    told_tokens: int | None = None  # the real output length (oracle) or a prompt's median (ceiling)
+    pool: str | None = None  # a pool planned beforehand (batch-synchronous replays)
+    predict_all: bool | None = None  # predictor.predict for this request: all (True) or waiting
+
+
+@dataclass
+class Served:
+    """A request on its way back: its record, and the replica's answer."""
+
+    request: Request
+    answer: Answer
+
+
+def _max_tokens(body) -> int | None:
+    return getattr(body, "max_completion_tokens", None) or body.max_tokens
+
+
+class Pipeline:
+    def __init__(self, config: StackConfig, plan: RoutingPlan, pools: dict[str, DeploymentHandle],
+                 predictor: DeploymentHandle | None):
+        from transformers import AutoTokenizer
+
+        self.config, self.plan = config, plan
+        router = config.router
+        self.policy = router.policy
+        # Benchmark headers let any request pick any policy: all are built once, each with its own state.
+        self.scheduler = build_scheduler(config, plan, POLICIES if router.benchmark_headers else [router.policy])
+        self.gate = Gate(self.scheduler)
+        self.pools = {name: PoolClient(name, handle, ledger(name)) for name, handle in pools.items()}
+        self.tokenizer = AutoTokenizer.from_pretrained(plan.model_path)
+        # Rendering a 1 MB prompt or a slow template must not stop the event loop that relays
+        # every stream; a runaway render holds one of these threads, never the loop.
+        self._render_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="render")
+        spec = config.predictor
+        self.predictor = PredictorClient(
+            predictor, plan.predictor_name, spec.timeout_s if spec else 0, spec.max_prompt_tokens if spec else 0,
+            plan.heads, plan.pools, spec.concurrency() if spec else 0,
+        )
+        self._predict_all = spec is not None and spec.predict == "all"
+        self.quality = {head: LiveQuality(**router.live_quality.model_dump()) for head in plan.heads}
+        self.pending = 0  # requests held before they reach a pool
+        self.metrics = RoutingMetrics(self.policy)
+        self.queue_metrics = QueueMetrics()
+        self.quality_metrics = QualityMetrics()
+        self.request_log = RequestLog(router.request_log) if router.request_log else None
+        self.rollouts = {
+            pool.name: RolloutRunner(self.pools[pool.name], self.gate, self.predictor, self.render,
+                                     router.limits.max_rollout_samples, pool.deployment.get("max_ongoing_requests"))
+            for pool in config.pools
+        }
+
+    # -- stages -------------------------------------------------------------------------------
+
+    def new_request(self, body, overrides: Overrides) -> Request:
+        return Request(
+            id=f"lengthserve-{uuid.uuid4().hex}", policy=overrides.policy or self.policy, arrival=time.time(),
+            max_tokens=_max_tokens(body), min_tokens=getattr(body, "min_tokens", 0) or 0,
+            ignore_eos=bool(getattr(body, "ignore_eos", False)), told_tokens=overrides.told_tokens,
+            target_pool=overrides.pool,
+        )
+
+    async def render(self, request: Request, body, kind: str) -> tuple[list[int] | None, str]:
+        """The ids of the request's longest prompt (what its work is ranked by), or None and why
+        it cannot be read (the engine stays the judge of whether it is valid); 400 past the time
+        limit."""
+        limit = self.config.router.render_timeout_s
+        loop = asyncio.get_running_loop()
+        try:
+            render = loop.run_in_executor(self._render_pool, prompt_ids, self.tokenizer, body, kind)
+            ids = await asyncio.wait_for(render, limit)
+        except UnsupportedPrompt as e:
+            request.prediction_failure = "unsupported_prompt"
+            return None, str(e)
+        except TimeoutError:
+            raise APIError(400, f"Rendering the prompt took longer than {limit} s.", param="messages") from None
+        request.prompt_tokens = max(len(i) for i in ids)
+        request.outputs = (getattr(body, "n", None) or 1) * len(ids)
+        return max(ids, key=len), ""
+
+    async def predict(self, request: Request, ids: list[int] | None, wait: bool = True) -> Outcome:
+        """The prediction of the head the request's policy reads; it lands on the record (and
+        re-ranks the request if it waits)."""
+        if ids is None:
+            return Outcome(None, request.prediction_failure)
+        outcome = await self.predictor.predict(ids, request.max_tokens, head_of(request.policy), wait=wait)
+        if outcome.prediction is None:
+            request.prediction_failure = request.prediction_failure or outcome.failure
+            return outcome
+        self.metrics.predictor_latency(self.predictor.name, outcome.latency_s)
+        self.scheduler.landed(request, outcome.prediction, time.time())
+        return outcome
+
+    def trusted(self, policy: str) -> bool:
+        head = head_of(policy)
+        return head is None or head not in self.quality or self.quality[head].trusted
+
+    def decide(self, request: Request, detail: str = "", spill: bool = True) -> None:
+        self.scheduler.decide(request, self.trusted(request.policy), spill)
+        request.decided_at = time.time()
+        if request.fallback is not None:
+            self.metrics.fallback(request.fallback, detail or request.fallback)
+
+    def admit(self, request: Request) -> None:
+        try:
+            self.gate.offer(request)
+        except QueueFull as e:
+            self.queue_metrics.rejected(e.pool)
+            raise APIError(429, f"The {e.pool} pool's queue is full; retry in {e.retry_after_s} s.",
+                           code="queue_full", headers={"Retry-After": str(e.retry_after_s)}) from None
+        self.queue_metrics.waiting(request.pool, len(self.scheduler.queues[request.pool]))
+
+    async def wait(self, request: Request) -> None:
+        """Until the request holds a slot; a request that waits past the timeout gets 503."""
+        pool = request.pool
+        try:
+            await self.gate.wait(request, self.config.router.request_timeout_s)
+        except TimeoutError:
+            raise APIError(503, "No replica became free in time; retry later.", code="queue_timeout",
+                           headers={"Retry-After": str(self.gate.retry_after_s(pool))}) from None
+        queue = self.scheduler.queues[pool]
+        self.queue_metrics.waited(pool, request.dispatched_at - request.decided_at if request.queued else 0.0)
+        self.queue_metrics.reordered(pool, queue.stats.reordered)
+        self.queue_metrics.waiting(pool, len(queue))
+
+    async def dispatch(self, request: Request, body, kind: str) -> Answer:
+        """To the pool's replicas; whatever happens, the request completes exactly once."""
+        request.priority = self.scheduler.priority(request, self.config.model.max_model_len)
+        if self.config.router.shortest_first:
+            body.priority = request.priority
+        if body.stream:  # the router reads every stream's length from its usage chunk
+            options = body.stream_options
+            body.stream_options = StreamOptions(include_usage=True, continuous_usage_stats=bool(
+                options and options.continuous_usage_stats))
+        done = once(self._complete)
+        self.metrics.routed(request.pool, spilled=request.spilled_from is not None)
+        self.metrics.inflight(request.pool, self.scheduler.inflight(request.pool))
+        try:
+            async with asyncio.timeout(self.config.router.request_timeout_s):
+                return await self.pools[request.pool].open(request, kind, body, done)
+        except TimeoutError:
+            request.error = "timeout"
+            done(request)
+            raise APIError(408, "The request timed out before the model answered.") from None
+        except BaseException as e:
+            request.error = request.error or type(e).__name__
+            done(request)
+            raise
+
+    def _complete(self, request: Request) -> None:
+        """The slot goes to the next waiting request, the prediction is scored, the record logged."""
+        request.finished_at = request.finished_at or time.time()
+        self.gate.leave(request)
+        self.metrics.inflight(request.pool, self.scheduler.inflight(request.pool))
+        self.queue_metrics.waiting(request.pool, len(self.scheduler.queues[request.pool]))
+        self._score(request)
+        if self.request_log is not None:
+            self.request_log.write(request)
+
+    def _score(self, request: Request) -> None:
+        prediction = request.prediction
+        if prediction is None or request.outputs != 1 or request.completion_tokens is None or request.error:
+            return
+        self.metrics.completed(request.pool, self.predictor.name, prediction.expected_tokens, request.completion_tokens)
+        quality = self.quality.get(prediction.head)
+        if quality is None:
+            return
+        hit = prediction.pool == self.plan.pools.pool_of(request.completion_tokens)
+        if quality.observe(prediction.expected_tokens, request.completion_tokens, hit):
+            state = "trusted again" if quality.trusted else "below its floor: routing length-blind"
+            log.warning("live prediction quality of %s %s: %s", prediction.head, state, quality.report())
+        self.quality_metrics.update(prediction.head, quality.report())
+
+    # -- the whole way --------------------------------------------------------------------------
+
+    async def serve(self, body, kind: str, overrides: Overrides) -> Served:
+        if self.pending >= self.config.router.max_pending_requests:
+            raise APIError(503, "The router is at its limit of requests waiting for a pool; retry later.",
+                           code="router_overloaded", headers={"Retry-After": "2"})
+        self.pending += 1
+        try:
+            return await self._serve(body, kind, overrides)
+        finally:
+            self.pending -= 1
+
+    async def _serve(self, body, kind: str, overrides: Overrides) -> Served:
+        request = self.new_request(body, overrides)
+        ids, detail = await self.render(request, body, kind)
+        policy, trusted = POLICIES[request.policy], self.trusted(request.policy)
+        if policy.predicts_pool and trusted:
+            detail = (await self.predict(request, ids)).detail or detail
+        self.decide(request, detail)
+        self.admit(request)
+        # Beside the request: a work policy's rank while it waits; with `predict: all`, every
+        # request; while live quality keeps the router length-blind, shadow predictions that can
+        # win trust back. A request that is not waiting never queues for the predictor.
+        predict_all = self._predict_all if overrides.predict_all is None else overrides.predict_all
+        beside = None
+        if policy.head is not None and request.prediction is None and ids is not None:
+            if (request.queued and policy.family == "work") or predict_all or not trusted:
+                beside = asyncio.create_task(self.predict(request, ids, wait=request.queued))
+        try:
+            await self.wait(request)
+        except BaseException:
+            if beside is not None:
+                beside.cancel()
+            raise
+        if beside is not None and not (predict_all or not trusted):
+            beside.cancel()  # dispatched before its prediction landed: no longer needed
+        return Served(request, await self.dispatch(request, body, kind))
+
+    async def length(self, body, kind: str, overrides: Overrides) -> Request:
+        """Only the prediction (for external schedulers); with a benchmark's policy, also the pool
+        that policy picks now (no spillover: a plan made before anything is sent)."""
+        request = self.new_request(body, overrides)
+        ids, detail = await self.render(request, body, kind)
+        outcome = await self.predict(request, ids)
+        if request.prediction is None:
+            failure = outcome.failure or "no_prediction"
+            raise APIError(503, f"No length prediction ({failure}): {outcome.detail or detail}", code=failure)
+        if overrides.policy is not None:
+            self.decide(request, spill=False)
+        return request
+
+    async def rollout(self, req: RolloutRequest, pool: str | None = None) -> dict:
+        """A rollout on `pool`, by default the pool with the most slots."""
+        name = pool or max(self.pools, key=lambda p: self.scheduler.queues[p].slots or 0)
+        return await self.rollouts[name].run(req)
+
+    def status(self) -> dict:
+        """This router replica's view of its pools, queues, replicas and predictions."""
+        now = time.time()
+        return {
+            "pools": list(self.pools), "policy": self.policy, "predictor": self.predictor.name,
+            "output_edges": list(self.plan.pools.edges),
+            "inflight": {name: self.scheduler.inflight(name) for name in self.pools},
+            "queues": {name: _queue_report(q, now) for name, q in self.scheduler.queues.items()},
+            "replicas": {name: {load.replica: {"requests": load.requests,
+                                               "predicted_remaining_tokens": round(load.remaining_tokens, 1)}
+                                for load in client.ledger.loads()} for name, client in self.pools.items()},
+            "predictor_waiting": self.predictor.waiting,
+            "live_quality": {head: q.report() for head, q in self.quality.items()},
+        }
+
+
+def _queue_report(queue, now: float) -> dict:
+    return {"waiting": len(queue), "waiting_ranked": queue.ranked(), "slots": queue.slots,
+            "max_waiting": queue.max_waiting, "oldest_wait_s": round(queue.oldest_wait_s(now), 3), **vars(queue.stats)}
