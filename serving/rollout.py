@@ -131,8 +131,9 @@ class RolloutRunner:
             claim = await self._claim()
             sample = plan.next()
             sample.arrival = sample.dispatched_at = claim.dispatched_at
-            sample.pinned = plan.place(sample, self._room())  # before the next choice, which must see it
-            tasks.create_task(self._sample(bodies[sample.family], sample, texts, plan))
+            sample.pinned = plan.place(sample, self._room())
+            self._pool.ledger.track(sample)  # before the next choice, which must see its work
+            self._start(tasks, bodies[sample.family], sample, texts, plan)
 
     async def _padding(self, req: RolloutRequest, bodies, samples: list[Request], texts: dict,
                        tasks: asyncio.TaskGroup) -> None:
@@ -141,33 +142,37 @@ class RolloutRunner:
         async def lane(replica: str | None):
             while queue:
                 group = queue.pop(0)
-                claims = [await self._claim() for _ in group]
-                for sample, claim in zip(group, claims):
+                running = []
+                for sample in group:
+                    claim = await self._claim()
                     sample.arrival = sample.dispatched_at = claim.dispatched_at
                     sample.pinned = replica
-                await asyncio.gather(*(self._sample(bodies[s.family], s, texts, None) for s in group))
+                    running.append(self._start(tasks, bodies[sample.family], sample, texts, None))
+                await asyncio.wait(running)
 
         for replica in self._pool.ledger.live_replicas() or [None]:
             tasks.create_task(lane(replica))
 
-    async def _sample(self, body: ChatCompletionRequest, sample: Request, texts: dict,
-                      plan: RolloutPlan | None) -> None:
-        """One sample on a slot it already holds; gives the slot back when done, failed or cancelled."""
+    def _start(self, tasks: asyncio.TaskGroup, body, sample: Request, texts: dict, plan: RolloutPlan | None):
+        """Run a sample on the slot it holds; the slot is given back however the sample ends, also
+        when its task is cancelled before it ever ran."""
         def finished(s: Request) -> None:
+            s.finished_at = s.finished_at or time.time()
             self._gate.leave(s)
             if plan is not None and s.completion_tokens is not None and s.error is None:
                 plan.finished(s, s.completion_tokens)
 
         done = once(finished)
+        task = tasks.create_task(self._sample(body, sample, texts, done))
+        task.add_done_callback(lambda _: done(sample))
+        return task
+
+    async def _sample(self, body: ChatCompletionRequest, sample: Request, texts: dict, done) -> None:
         try:
             answer = await self._pool.open(sample, "chat", body.model_copy(), done)
             texts[sample.id] = await answer.text()
         except Exception as e:  # every sample ends with a result: a failed one says why
             sample.error = f"{type(e).__name__}: {e}"
-        finally:
-            sample.finished_at = sample.finished_at or time.time()
-            done(sample)
-
 
 def _result(sample: Request, index: int, text: str | None, start: float) -> dict:
     def since(t: float | None) -> float | None:

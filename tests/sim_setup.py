@@ -6,10 +6,12 @@ from benchmarks.replay.trace import TraceRequest
 from benchmarks.simulator.engine import EngineLimits
 from benchmarks.simulator.setup import Setup
 from benchmarks.simulator.step_time import StepTimeModel
-from deployments.config import StackConfig
-from router.length_bins import PoolBins
+from predictor.head import LengthBins
+from scheduling.pools import Pools
+from serving.config import RoutingPlan, StackConfig
 
 POOLS = ["short", "medium", "long"]
+BINS = LengthBins(edges=[0, 50, 200, 1024], centres=[25, 120, 600], max_tokens=1024)
 
 
 def tiny_setup() -> Setup:
@@ -18,11 +20,11 @@ def tiny_setup() -> Setup:
         "predictor": None,
         "router": {"policy": "round_robin", "output_edges": [50, 200], "input_edges": [100, 250]},
     })
+    plan = RoutingPlan("", Pools(tuple(POOLS), (50.0, 200.0)), {"last": BINS, "estp": BINS, "egtp": BINS}, None, 256.0)
     return Setup(
         config=config, model=StepTimeModel(const=0.02, decode_seqs=0.002, prefill_tokens=0.0002, kv_tokens=1e-6),
-        limits=EngineLimits(max_num_seqs=64, max_num_batched_tokens=512, kv_cache_tokens=20_000),
-        pool_bins=PoolBins(tuple(POOLS), (50.0, 200.0)), head_bins={"estp": None, "egtp": None, "last": None},
-        predictions={"estp": {}, "egtp": {}, "last": {}}, calibration={"settings": {"cpus": 2}}, input_edges=[100, 250],
+        limits=EngineLimits(max_num_seqs=64, max_num_batched_tokens=512, kv_cache_tokens=20_000), plan=plan,
+        predictions={"estp": {}, "egtp": {}, "last": {}}, calibration={"settings": {"cpus": 2}},
     )
 
 

@@ -14,7 +14,7 @@ from benchmarks.accuracy.variants import VARIANTS, select
 from benchmarks.predictor_accuracy import _figure_prompts, _overhead_prompts
 from predictor.fit import val_error
 from predictor.train import Example
-from router.length_bins import PoolBins
+from scheduling.pools import Pools
 
 
 def test_length_class_boundaries():
@@ -89,7 +89,7 @@ def _corpus(examples, scenarios, folds) -> Corpus:
     return Corpus(examples, scenarios, [""] * len(examples), np.array(folds), 1024)
 
 
-POOLS = PoolBins(("short", "medium", "long"), (100.0, 300.0))
+POOLS = Pools(("short", "medium", "long"), (100.0, 300.0))
 
 
 def test_scenario_median_predicts_each_scenarios_median_of_the_other_folds():

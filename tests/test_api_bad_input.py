@@ -116,7 +116,9 @@ def test_unknown_route_is_404_in_openai_format(stack, still_serving):
     _assert_error(r, 404, "not found")
 
 
-def test_health(stack):
+def test_health_is_readiness_and_liveness_is_apart(stack):
     r = httpx.get(f"{stack.base_url}/health", timeout=30)
-    assert r.status_code == 200
-    assert r.json()["status"] == "ok"
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    running = r.json()["running_replicas"]
+    assert set(running) == {"pool-default", "length-predictor"} and all(n >= 1 for n in running.values())
+    assert httpx.get(f"{stack.base_url}/health/live", timeout=30).json() == {"status": "alive"}

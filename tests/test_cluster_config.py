@@ -13,7 +13,7 @@ import yaml
 
 from cluster.local import parse_worker
 from deployments.app import _build_predictor
-from deployments.config import PoolSpec, StackConfig
+from serving.config import PoolSpec, StackConfig
 from deployments.engine_pool import NODE_GROUP_SHARE, engine_bundle, llm_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,7 +38,7 @@ def _kuberay() -> dict:
 def test_a_pinned_pool_puts_its_replica_and_engine_on_its_node_group():
     config = StackConfig.model_validate({"pools": [{"name": "short", "node_group": "pool_short"}]})
     pool = config.pools[0]
-    bundles = llm_config(config.model, pool, priority_scheduling=True).get_engine_config().placement_bundles
+    bundles = llm_config(config.model, pool, config.router).get_engine_config().placement_bundles
     # Serve schedules the replica actor into bundle 0 and the engine into the replica's group.
     assert bundles == [{"CPU": config.model.engine_cpus, "pool_short": NODE_GROUP_SHARE}]
 

@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks.forelen.datasheet import (ceiling_pool_accuracy, leave_one_out_medians, noise_floor_mae,
                                           target_samples, within_prompt_variance_share, write_datasheet)
-from router.length_bins import PoolBins
+from scheduling.pools import Pools
 from benchmarks.forelen.sources import select_prompts
 from tests import FORELEN_TINY as FIXTURE
 
@@ -42,7 +42,7 @@ def test_leave_one_out_floor_variance_share_and_ceiling_by_hand():
     within = (20 ** 2 + 10 ** 2 + 30 ** 2) + 2 * 100 ** 2
     total = sum((x - 98) ** 2 for x in (10, 20, 60, 100, 300))
     assert within_prompt_variance_share(rows) == pytest.approx(within / total)
-    pools = PoolBins(("short", "long"), (50.0,))
+    pools = Pools(("short", "long"), (50.0,))
     assert ceiling_pool_accuracy(rows, pools) == pytest.approx(4 / 5)  # only 60 is on the other side of a's median
     assert ceiling_pool_accuracy(rows, pools, leave_one_out_medians) == pytest.approx(2 / 3)
 

@@ -3,13 +3,14 @@
 import numpy as np
 import pytest
 
-from benchmarks.simulator.cluster import ClusterSpec, Workload, simulate
-from benchmarks.simulator.engine import EngineLimits
 from benchmarks.replay.metrics import padding_ratio
-from benchmarks.simulator.routing import SimRouter
+from benchmarks.simulator.cluster import ClusterSpec, simulate
+from benchmarks.simulator.engine import EngineLimits
 from benchmarks.simulator.step_time import StepTimeModel
-from router.length_bins import PoolBins
-from router.policies import Job
+from benchmarks.simulator.workload import Workload
+from scheduling.pools import Pools
+from scheduling.request import Request
+from scheduling.scheduler import Scheduler
 
 ONE_SECOND_STEPS = StepTimeModel(const=1.0, decode_seqs=0.0, prefill_tokens=0.0, kv_tokens=0.0)
 LIMITS = EngineLimits(max_num_seqs=8, max_num_batched_tokens=100, kv_cache_tokens=10_000)
@@ -17,14 +18,18 @@ LIMITS = EngineLimits(max_num_seqs=8, max_num_batched_tokens=100, kv_cache_token
 
 def _one_replica(arrivals, outputs, prompts=None, mode="continuous", batch_size=4, limits=LIMITS,
                  model=ONE_SECOND_STEPS):
-    n = len(arrivals)
-    prompts = prompts or [10] * n
-    workload = Workload(np.array(arrivals, float), np.array(prompts), np.array(outputs), np.full(n, 1024),
-                        [Job(prompt_tokens=p) for p in prompts])
+    prompts = prompts or [10] * len(arrivals)
     spec = ClusterSpec(pools=["only"], replicas={"only": 1}, max_ongoing_requests=16, mode=mode, batch_size=batch_size)
-    router = SimRouter("round_robin", "input_length", PoolBins(("only",), ()), [], {"only": 1}, spec.capacities(),
-                       True, 4096)
-    return simulate(workload, router, spec, limits, model)
+    return simulate(_workload(arrivals, prompts, outputs), _scheduler(spec), spec, limits, model, 4096)
+
+
+def _workload(arrivals, prompts, outputs) -> Workload:
+    return Workload([Request(f"r{i}", "round_robin", arrival=t, prompt_tokens=p)
+                     for i, (t, p) in enumerate(zip(arrivals, prompts))], np.array(outputs))
+
+
+def _scheduler(spec: ClusterSpec) -> Scheduler:
+    return Scheduler(Pools(("only",), ()), spec.capacities(), ["round_robin"], "round_robin")
 
 
 def test_a_request_arriving_during_a_prefill_joins_at_the_next_step():
@@ -80,12 +85,8 @@ def test_batch_mode_groups_in_trace_order_and_pads_to_the_longest():
 
 
 def test_a_step_slowdown_stretches_every_step():
-    workload = Workload(np.array([0.0, 3.5]), np.array([10, 10]), np.array([10, 2]), np.full(2, 1024),
-                        [Job(prompt_tokens=10)] * 2)
-    router = SimRouter("round_robin", "input_length", PoolBins(("only",), ()), [], {"only": 1}, {"only": 16},
-                       True, 4096)
     spec = ClusterSpec(pools=["only"], replicas={"only": 1}, max_ongoing_requests=16, step_slowdown=2.0)
-    out = simulate(workload, router, spec, LIMITS, ONE_SECOND_STEPS)
+    out = simulate(_workload([0.0, 3.5], [10, 10], [10, 2]), _scheduler(spec), spec, LIMITS, ONE_SECOND_STEPS, 4096)
     # 2 s steps: A's prefill 0-2, decodes from 2; B arrives at 3.5 during A's second step (2-4),
     # prefills 4-6, decodes 6-8; A's 10 tokens take 10 steps: done at 20.
     assert out.first_token.tolist() == [2.0, 6.0]

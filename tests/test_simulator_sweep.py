@@ -29,7 +29,7 @@ def test_pool_accuracy_falls_from_one_as_the_noise_grows():
 
 def test_the_simulator_routes_on_the_blurred_lengths():
     setup, trace = tiny_setup(), tiny_trace(200)
-    pool_of = setup.pool_bins.pool_of
+    pool_of = setup.plan.pools.pool_of
     for noise in (0.0, 1.0):
         routed = {r.request_id: r.pool for r in run(setup, trace, "oracle", 3, "batch", batch_size=4, noise=noise).records}
         in_true_pool = sum(routed[r.request_id] == pool_of(r.true_output_tokens) for r in trace) / len(trace)

@@ -177,11 +177,18 @@ def served_model(base_url: str) -> str:
 
 
 def spawn_actors(base_url: str, num_actors: int, request_timeout_s: float = 600, model: str | None = None) -> list:
-    """num_actors replay actors, spread over the cluster's nodes (Ray's SPREAD strategy)."""
+    """num_actors replay actors, placed round-robin on the cluster's alive nodes.
+
+    Placed, not left to Ray's SPREAD strategy: SPREAD is best effort and put three actors on one
+    node of three in one of two fresh runs; a replay meant to come from several machines must.
+    """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     connect()
     model = model or served_model(base_url)
-    actors = [ReplayActor.options(scheduling_strategy="SPREAD").remote(base_url, model, request_timeout_s)
-              for _ in range(num_actors)]
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+    actors = [ReplayActor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=False))
+              .remote(base_url, model, request_timeout_s) for i in range(num_actors)]
     ray.get([a.node_id.remote() for a in actors])  # started, or fail here rather than mid-replay
     return actors
 

@@ -4,12 +4,13 @@ import json
 
 import pytest
 
-from router.auth import Keys
-from router.errors import APIError
-from router.validation import check_request, parse_request
+from api.auth import Keys
+from api.validation import check_request, parse_request
+from serving.config import RequestLimits
+from serving.errors import APIError
 
 MODEL = "m"
-LIMITS = {"max_n": 8, "max_prompts": 4, "max_stop": 4, "trust_request_chat_template": False}
+LIMITS = RequestLimits(max_n=8, max_prompts=4, max_stop=4)
 VOCAB = 1000
 
 
@@ -69,7 +70,7 @@ def test_rejections_carry_status_and_param(payload, kind, status, param, fragmen
 
 
 def test_a_trusted_deployment_accepts_request_templates():
-    assert _parse(_chat(chat_template="{{ 'x' }}"), limits={**LIMITS, "trust_request_chat_template": True})
+    assert _parse(_chat(chat_template="{{ 'x' }}"), limits=LIMITS.model_copy(update={"trust_request_chat_template": True}))
 
 
 def test_api_keys_off_by_default_then_bearer_only(tmp_path):

@@ -1,4 +1,4 @@
-"""The routing part of ray_config's `args`: defaults, derived capacities and rejected combinations."""
+"""The stack's config (ray_config's `args`): defaults, derived capacities, the typed plan, rejected combinations."""
 
 from pathlib import Path
 
@@ -6,10 +6,12 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from api.app import Router
 from deployments.app import router_options
-from deployments.config import DEFAULT_CHECKPOINTS, PoolSpec, StackConfig
 from deployments.engine_pool import engine_env, llm_config
-from router.ingress import Router
+from predictor.head import LengthBins
+from scheduling.pools import Pools
+from serving.config import DEFAULT_CHECKPOINTS, PoolSpec, RoutingPlan, StackConfig, build_scheduler
 from tests import MODEL_DIR
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,7 +68,7 @@ def test_capacity_from_ongoing_requests_and_replicas():
         ({"policy": "estp", "input_edges": [1, 2]}, None, "needs the predictor"),
         ({"input_edges": [1]}, {}, "needs 2 edges"),
         ({"output_edges": [1, 2, 3], "input_edges": [1, 2]}, {}, "needs 2 edges"),
-        ({"policy": "round_robin"}, {}, "needs router.input_edges"),
+        ({"policy": "round_robin", "fallback_policy": "input_length"}, {}, "needs router.input_edges"),
         ({"policy": "round_robin", "fallback_policy": "round_robin"}, None, "output_edges must be set"),
         ({"fallback_policy": "estp", "input_edges": [1, 2]}, {}, "fallback_policy"),
     ],
@@ -87,18 +89,35 @@ def test_cpu_engines_share_the_cores_and_priority_scheduling_is_switchable(monke
     assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_env(gpu.model)
 
     pool = config.pools[0]
-    with_priority = llm_config(config.model, pool, priority_scheduling=True)
+    with_priority = llm_config(config.model, pool, config.router)
     assert with_priority.engine_kwargs["scheduling_policy"] == "priority"
-    assert "scheduling_policy" not in llm_config(config.model, pool, priority_scheduling=False).engine_kwargs
+    fifo = config.router.model_copy(update={"shortest_first": False})
+    assert "scheduling_policy" not in llm_config(config.model, pool, fifo).engine_kwargs
+    router = with_priority.deployment_config["request_router_config"]
+    assert router["request_router_class"] == "serving.replica_router:LedgerRequestRouter"
+    assert router["request_router_kwargs"] == {"pool": "default", "choice": "least_inflight"}
 
 
 @pytest.mark.parametrize("policy", ["estp", "egtp", "last"])
 def test_checkpoints_load_for_the_serving_model_and_give_three_pools(policy):
     from deployments.app import _checkpoint_meta
-    from router.length_bins import PoolBins
 
     config = StackConfig.model_validate(_default_args())
     meta = _checkpoint_meta(config.predictor.checkpoint_path(policy), str(MODEL_DIR))
     assert meta.pooling.method == policy and meta.training_data_version.startswith("smollm2-135m-instruct@")
-    edges = PoolBins.from_quantiles(["short", "medium", "long"], meta.bins).edges
+    edges = Pools.from_quantiles(["short", "medium", "long"], meta.bins).edges
     assert 0 < edges[0] < edges[1] < meta.bins.max_tokens
+
+
+def test_the_plan_and_the_scheduler_come_from_the_config():
+    """The router and the simulator build their scheduling core through this one builder."""
+    bins = LengthBins(edges=[0, 50, 100, 200, 400, 1024], centres=[25, 75, 150, 300, 700], max_tokens=1024)
+    config = StackConfig.model_validate({**_default_args(), "pools": THREE, "router": {
+        **_default_args()["router"], "input_edges": [50, 100]}})
+    plan = RoutingPlan.of(config, str(MODEL_DIR), {"last": bins}, "last")
+    assert plan.pools.names == ("short", "medium", "long") and plan.pools.edges == pytest.approx((83.0, 267.0), abs=1)
+    assert plan.prior_tokens == pytest.approx(bins.training_quantile(0.5))
+    scheduler = build_scheduler(config, plan, [config.router.policy])
+    assert scheduler.ranking.prior_tokens == plan.prior_tokens
+    assert {name: q.slots for name, q in scheduler.queues.items()} == dict.fromkeys(("short", "medium", "long"), None)
+    assert scheduler.queues["short"].order.max_overtake_s == 300
