@@ -5,7 +5,7 @@ The online pipeline (serving.pipeline) and rollouts (serving.rollout) call a poo
 - each call runs under Ray's internal request id of its own (the request's id): Ray gives every
   handle call made while serving one HTTP request that request's internal id, and keys its own
   routing and completion bookkeeping by it, so a rollout's samples would share one
-  (ENVIRONMENT.md, "Ray Serve internals"); the replica ledger then tells them apart too;
+  (`ray/serve/_private/default_impl.py`, `get_request_metadata`); the replica ledger then tells them apart too;
 - a replica that fails before its first item is retried with exponential backoff (nothing has
   reached the client yet; Ray drops the dead replica meanwhile);
 - the first item is checked: `LLMServer.chat/completions` answer an `ErrorResponse` first when

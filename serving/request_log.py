@@ -4,7 +4,7 @@ A benchmark's client sees its requests from outside (sent, first chunk, last chu
 router knows when each was decided, waited, dispatched, where it ran and when its prediction
 landed (before or after dispatch). With `router.request_log` set, the pipeline appends each
 request's record (scheduling.request.Request) here as it completes, so a real run leaves the
-per-request records the simulator replays (benchmarks.simulator.validation). Times are Unix
+per-request records the simulator replays. Times are Unix
 seconds, the clock the benchmark's clients use too.
 """
 

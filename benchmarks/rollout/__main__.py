@@ -10,6 +10,7 @@ Each command replaces its own part of benchmarks/results/rollout.json and rewrit
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -31,12 +32,18 @@ def _real(args) -> dict:
     from benchmarks.rollout import real
 
     texts, known = real.rl_batch(args.prompts, args.n, args.max_tokens)
-    repeats = []
+    repeats, records = [], args.out / "rollout_requests.jsonl"
+    records.write_text("")
     with tempfile.TemporaryDirectory() as tmp, RunningStack(Path(tmp), {"router": {"benchmark_headers": True}}) as st:
         model = httpx.get(f"{st.base_url}/v1/models", timeout=30).json()["data"][0]["id"]
-        for _ in range(args.repeats):  # policies interleaved: a slow spell hits them alike
-            repeats.append({p: real.run_once(st.base_url, model, texts, known, p, args.n, args.max_tokens,
-                                             st.client_headers) for p in args.policies})
+        for k in range(args.repeats):  # policies interleaved: a slow spell hits them alike
+            repeat = {}
+            for p in args.policies:
+                repeat[p], samples = real.run_once(st.base_url, model, texts, known, p, args.n, args.max_tokens,
+                                                   st.client_headers)
+                with records.open("a") as fh:  # per-request records, as each batch ends
+                    fh.writelines(json.dumps({"repeat": k, "policy": p, **s}) + "\n" for s in samples)
+            repeats.append(repeat)
     real_part = {"repeats": repeats, "lost_requests": sum(m["lost"] for rep in repeats for m in rep.values()),
                  "settings": {"prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens,
                               "policies": args.policies, "schedules": {p: real.POLICIES[p] for p in args.policies}}}
@@ -57,7 +64,7 @@ def main(argv=None) -> None:
     r.add_argument("--max-tokens", type=int, default=256,
                    help="cap: 3 repeats x 4 policies of a full-length batch take hours on 2 cores")
     r.add_argument("--repeats", type=int, default=3)
-    r.add_argument("--policies", nargs="+", default=["ray_default", "estp", "last", "ceiling", "oracle"])
+    r.add_argument("--policies", nargs="+", default=["ray_default", "estp", "ceiling"])
     sub.add_parser("report")
     for sp in (s, r):
         sp.add_argument("--out", type=Path, default=RESULTS)

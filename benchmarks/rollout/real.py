@@ -14,6 +14,7 @@ import statistics
 from collections import defaultdict
 
 import httpx
+import numpy as np
 
 from benchmarks.forelen.build import DEFAULT_OUT
 from benchmarks.rollout.metrics import batch_metrics
@@ -40,12 +41,13 @@ HEAD = {"estp": "estp", "last": "last"}  # the predictor head a policy's predict
 
 
 def run_once(base_url: str, model: str, texts: list[str], known: dict, policy: str, n: int, max_tokens: int,
-             headers: dict, timeout_s: float = 3600) -> dict:
+             headers: dict, timeout_s: float = 3600) -> tuple[dict, list[dict]]:
+    """The batch's figures, and its samples (the per-request records, text left out)."""
     body = {"model": model, "prompts": texts, "n": n, "max_tokens": max_tokens, "schedule": POLICIES[policy],
             "known_tokens": known.get(policy), "head": HEAD.get(policy)}
     r = httpx.post(f"{base_url}/v1/rollout", json=body, headers=headers, timeout=timeout_s)
     r.raise_for_status()
-    samples = r.json()["samples"]
+    samples = [{k: v for k, v in s.items() if k != "text"} for s in r.json()["samples"]]
     ok = [s for s in samples if s["error"] is None]
     metrics = batch_metrics([s["finished_s"] for s in ok], [s["completion_tokens"] for s in ok],
                             [s["replica"] for s in ok])
@@ -53,11 +55,23 @@ def run_once(base_url: str, model: str, texts: list[str], known: dict, policy: s
     # pinned it to (a schedule that leaves slots idle shows here).
     waits = [s["first_token_s"] - s["dispatched_s"] for s in ok if s["first_token_s"] is not None]
     return {**metrics, "mean_slot_to_first_token_s": statistics.fmean(waits) if waits else None,
-            "requested": len(texts) * n, "returned": len(samples), "failed": len(samples) - len(ok),
-            "lost": len(texts) * n - len(samples)}
+            "concurrency": concurrency(ok), "requested": len(texts) * n, "returned": len(samples),
+            "failed": len(samples) - len(ok), "lost": len(texts) * n - len(samples)}, samples
 
 
-HEADLINE = ("padding_ratio", "makespan_s", "tail_share", "throughput_tok_s", "imbalance", "mean_jct_s")
+def concurrency(samples: list[dict], step_s: float = 1.0) -> dict:
+    """Requests in flight on each replica, sampled every `step_s` from the rollout's start."""
+    end = max(s["finished_s"] for s in samples)
+    ticks = np.arange(0.0, end + step_s, step_s)
+    replicas = sorted({s["replica"] for s in samples if s["replica"]})
+    names = {r: f"replica {i + 1}" for i, r in enumerate(replicas)}
+    by_replica = {names[r]: [int(sum(s["replica"] == r and s["dispatched_s"] <= t < s["finished_s"] for s in samples))
+                             for t in ticks] for r in replicas}
+    return {"step_s": step_s, "by_replica": by_replica}
+
+
+HEADLINE = ("padding_ratio", "makespan_s", "tail_share", "throughput_tok_s", "imbalance", "mean_jct_s",
+            "mean_slot_to_first_token_s")
 
 
 def headline(real_part: dict) -> dict:
