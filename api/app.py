@@ -36,6 +36,7 @@ from serving.rollout import RolloutRequest
 
 log = logging.getLogger("ray.serve")
 HEALTH, LIVENESS = "/health", "/health/live"
+MAX_CLIENT_ID = 128  # characters of a client's X-Request-Id kept (echoed back and logged)
 api = FastAPI(title="lengthserve", description="Length-aware OpenAI-compatible LLM serving")
 
 
@@ -169,7 +170,8 @@ class Router:
     async def _serve(self, body, kind: str, request: Request):
         self._checked(body, kind)
         client_wants_usage = bool(body.stream_options and body.stream_options.include_usage)
-        served = await self._pipeline.serve(body, kind, self._overrides(request))
+        client_id = (request.headers.get("x-request-id") or "")[:MAX_CLIENT_ID] or None
+        served = await self._pipeline.serve(body, kind, self._overrides(request), client_id)
         return _response(served, bool(body.stream), client_wants_usage)
 
     @api.post("/v1/length")

@@ -52,6 +52,8 @@ def routing_headers(request: Request) -> dict[str, str]:
         headers["X-Spilled-From"] = request.spilled_from
     if request.fallback is not None:
         headers["X-Routing-Fallback"] = request.fallback
+    if request.client_id is not None:
+        headers["X-Request-Id"] = request.client_id
     return headers
 
 

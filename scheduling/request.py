@@ -42,6 +42,7 @@ class Request:
     id: str
     policy: str  # the policy asked for (the configured one, or a benchmark's)
     arrival: float = 0.0
+    client_id: str | None = None  # the client's own name for it (X-Request-Id), echoed back and logged
     # What the request fixes about itself (the body).
     prompt_tokens: int | None = None  # the longest prompt; None when it could not be rendered
     max_tokens: int | None = None

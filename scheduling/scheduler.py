@@ -125,9 +125,10 @@ class Scheduler:
         return verdict
 
     def landed(self, request: Request, prediction: Prediction, now: float) -> None:
-        """A prediction for the request: it ranks by it from now on, also if it is waiting."""
+        """A prediction for the request: a waiting request ranks by it from now on. A dispatched
+        one keeps the rank it left with (the record says what its dispatch rested on)."""
         request.prediction, request.predicted_at = prediction, now
-        if request.decided_by is None:
+        if request.decided_by is None or request.dispatched_at is not None:
             return
         self.rank(request)
         self.queues[request.pool].reprioritise(request, request.rank_tokens)  # if it still waits

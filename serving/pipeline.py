@@ -103,9 +103,10 @@ class Pipeline:
 
     # -- stages -------------------------------------------------------------------------------
 
-    def new_request(self, body, overrides: Overrides) -> Request:
+    def new_request(self, body, overrides: Overrides, client_id: str | None = None) -> Request:
         return Request(
             id=f"lengthserve-{uuid.uuid4().hex}", policy=overrides.policy or self.policy, arrival=time.time(),
+            client_id=client_id,
             max_tokens=_max_tokens(body), min_tokens=getattr(body, "min_tokens", 0) or 0,
             ignore_eos=bool(getattr(body, "ignore_eos", False)), told_tokens=overrides.told_tokens,
             target_pool=overrides.pool,
@@ -129,12 +130,18 @@ class Pipeline:
         request.outputs = (getattr(body, "n", None) or 1) * len(ids)
         return max(ids, key=len), ""
 
-    async def predict(self, request: Request, ids: list[int] | None, wait: bool = True) -> Outcome:
+    async def predict(self, request: Request, ids: list[int] | None, beside: bool = False) -> Outcome:
         """The prediction of the head the request's policy reads; it lands on the record (and
-        re-ranks the request if it waits)."""
+        re-ranks the request if it waits). `beside`: nobody waits on it, so it is not bounded by
+        `predictor.timeout_s` (which bounds the wait of a pool policy's request) but by the
+        request's own life: a waiting request's prediction is worth having whenever it lands
+        before the request leaves the queue (it is cancelled then). Beside a request that is not
+        waiting it is made only if a predictor slot is free now."""
         if ids is None:
             return Outcome(None, request.prediction_failure)
-        outcome = await self.predictor.predict(ids, request.max_tokens, head_of(request.policy), wait=wait)
+        outcome = await self.predictor.predict(
+            ids, request.max_tokens, head_of(request.policy), wait=not beside or request.queued,
+            timeout_s=self.config.router.request_timeout_s if beside else None)
         if outcome.prediction is None:
             request.prediction_failure = request.prediction_failure or outcome.failure
             return outcome
@@ -224,18 +231,17 @@ class Pipeline:
 
     # -- the whole way --------------------------------------------------------------------------
 
-    async def serve(self, body, kind: str, overrides: Overrides) -> Served:
+    async def serve(self, body, kind: str, overrides: Overrides, client_id: str | None = None) -> Served:
         if self.pending >= self.config.router.max_pending_requests:
             raise APIError(503, "The router is at its limit of requests waiting for a pool; retry later.",
                            code="router_overloaded", headers={"Retry-After": "2"})
         self.pending += 1
         try:
-            return await self._serve(body, kind, overrides)
+            return await self._serve(self.new_request(body, overrides, client_id), body, kind, overrides)
         finally:
             self.pending -= 1
 
-    async def _serve(self, body, kind: str, overrides: Overrides) -> Served:
-        request = self.new_request(body, overrides)
+    async def _serve(self, request: Request, body, kind: str, overrides: Overrides) -> Served:
         ids, detail = await self.render(request, body, kind)
         policy, trusted = POLICIES[request.policy], self.trusted(request.policy)
         if policy.predicts_pool and trusted:
@@ -249,7 +255,7 @@ class Pipeline:
         beside = None
         if policy.head is not None and request.prediction is None and ids is not None:
             if (request.queued and policy.family == "work") or predict_all or not trusted:
-                beside = asyncio.create_task(self.predict(request, ids, wait=request.queued))
+                beside = asyncio.create_task(self.predict(request, ids, beside=True))
         try:
             await self.wait(request)
         except BaseException:

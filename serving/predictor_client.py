@@ -51,12 +51,14 @@ class PredictorClient:
         self._slots: asyncio.Semaphore | None = None  # made on the replica's event loop, at first use
         self.waiting = 0  # calls waiting for a slot
 
-    async def predict(self, ids: list[int], cap: int | None, head: str | None = None, wait: bool = True) -> Outcome:
+    async def predict(self, ids: list[int], cap: int | None, head: str | None = None, wait: bool = True,
+                      timeout_s: float | None = None) -> Outcome:
         """One prompt's prediction by `head` (default: the first), capped at `cap` tokens.
 
         Every head comes from the same prefill, so asking for another costs nothing more.
         `wait=False`: only if a slot is free now (a request that is not waiting itself must not
-        pile up in front of the predictor).
+        pile up in front of the predictor). `timeout_s`: a bound other than the configured one,
+        for a prediction nobody waits on (one made beside a request).
         """
         if self._handle is None:
             return Outcome(None, "no_predictor")
@@ -74,7 +76,7 @@ class PredictorClient:
         finally:
             self.waiting -= 1
         try:
-            answer, failure, detail = await self._ask(ids)
+            answer, failure, detail = await self._ask(ids, timeout_s or self._timeout_s)
         finally:
             self._slots.release()
         latency = time.perf_counter() - start
@@ -85,14 +87,14 @@ class PredictorClient:
         prediction = self._pools.describe(head, LengthPrediction(**answer[head]), self.heads[head], cap)
         return Outcome(prediction, latency_s=latency)
 
-    async def _ask(self, ids: list[int]) -> tuple[dict | None, str | None, str]:
+    async def _ask(self, ids: list[int], timeout_s: float) -> tuple[dict | None, str | None, str]:
         response = self._handle.remote(ids)
         try:
-            async with asyncio.timeout(self._timeout_s):
+            async with asyncio.timeout(timeout_s):
                 return await response, None, ""
         except TimeoutError:
             response.cancel()
-            return None, "timeout", f"no prediction within {self._timeout_s} s"
+            return None, "timeout", f"no prediction within {timeout_s} s"
         except asyncio.CancelledError:
             response.cancel()
             raise

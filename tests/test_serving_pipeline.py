@@ -218,3 +218,25 @@ def test_live_quality_below_its_floor_switches_the_router_length_blind():
     assert decided[0] == "last"
     assert not pipeline.quality["last"].trusted and pipeline.quality["last"].concordance() < 0.55
     assert (after.decided_by, after.fallback) == ("ray_default", "low_live_quality")
+
+
+def test_a_waiting_requests_prediction_is_not_cut_at_the_critical_path_timeout():
+    """predictor.timeout_s bounds what a pool policy waits for; a prediction beside a waiting
+    request delays nothing, and is worth having whenever it lands before the request leaves."""
+    predictor = FakePredictor({"last": BINS}, delay_s=0.2)
+    pipeline, fake = _pipeline(predictor=predictor, tokens=3)
+    pipeline.predictor._timeout_s = 0.05
+
+    async def run():
+        first = await pipeline.serve(_body("hold the slot", stream=True), "chat", Overrides())
+        queue = pipeline.scheduler.queues[first.request.pool]
+        waiting = asyncio.create_task(pipeline.serve(_body("waits"), "chat", Overrides()))
+        while queue.ranked() < 1:  # its prediction lands after 0.2 s, four times the timeout
+            await asyncio.sleep(0.01)
+        await _drain(first)
+        served = await waiting
+        served.answer.json()
+        return served.request
+
+    request = asyncio.run(run())
+    assert request.prediction is not None and request.prediction_failure is None and not request.on_prior

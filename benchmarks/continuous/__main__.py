@@ -4,6 +4,13 @@
   design   the sweeps behind the router's defaults: aging bound, ranking statistic, replica choice
   real     the stack from ray_config.yaml: queueing runs (the work policy vs Ray's default, 3 repeats),
            the held-out ShareGPT burst, then the same burst against a bare vLLM server (~1 h here)
+  burst    128 dataset val/test requests at once onto the default stack: ray_default, last_work,
+           ceiling, oracle_work, 3 interleaved repeats (~10 min a run); per-request records in
+           benchmarks/results/runs/, resumable
+  stock    the same burst on Ray Serve LLM's own OpenAI app with the same engines (its own process:
+           one Ray driver per cluster)
+  sharegpt the same with 128 held-out ShareGPT prompts: ray_default against last_work
+  load     continuous load at a share of the capacity the bursts measured, Poisson and Azure-like
   report   rebuild continuous.{md,png} from continuous.json
 
 Each command replaces its own part of benchmarks/results/continuous.json and rewrites the report,
@@ -83,6 +90,89 @@ def _real(args) -> dict:
     )
 
 
+def _runs(args, name: str, trace, policies: list[str]) -> None:
+    """Each repeat's policies back to back on one default stack (benchmark headers, request log on);
+    runs already on disk are skipped; continuous.json's bursts are rewritten after every run."""
+    from benchmarks.replay.__main__ import drain
+    from benchmarks.replay.actors import connect, spawn_actors
+    from benchmarks.replay.runs import execute, run_path
+    from benchmarks.replay.stack import RunningStack
+
+    todo = [(k, p) for k in range(args.repeats) for p in policies if not run_path(f"{name}/{p}/r{k}").exists()]
+    if not todo:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "requests.jsonl"
+        overrides = {"router": {"benchmark_headers": True, "request_log": str(log)}}
+        with RunningStack(Path(tmp), overrides) as stack:
+            os.environ["RAY_ADDRESS"] = "auto"
+            connect()
+            actors = spawn_actors(stack.base_url, args.actors, 3600)
+            for k, policy in todo:
+                drain(stack.base_url)
+                execute(f"{name}/{policy}/r{k}", stack.base_url, actors, trace, policy, log)
+                _write_runs(args)
+            import ray
+
+            ray.shutdown()
+
+
+def _stock(args, name: str, trace) -> None:
+    """Ray Serve LLM's own app on the same trace (its router, its ingress, the same engines)."""
+    import ray
+    import yaml
+
+    from benchmarks.continuous import bursts
+    from benchmarks.replay.actors import connect, spawn_actors
+    from benchmarks.replay.runs import execute, run_path
+    from benchmarks.replay.stack import REPO, RunningStack
+    from serving.config import StackConfig
+
+    todo = [k for k in range(args.repeats) if not run_path(f"{name}/{bursts.STOCK}/r{k}").exists()]
+    if not todo:
+        return
+    app = yaml.safe_load((REPO / "ray_config.yaml").read_text())["applications"][0]
+    application = bursts.stock_application(StackConfig.model_validate(app["args"]), app.get("runtime_env", {}))
+    with tempfile.TemporaryDirectory() as tmp, RunningStack(Path(tmp), application=application) as stack:
+        os.environ["RAY_ADDRESS"] = "auto"
+        connect()
+        actors = spawn_actors(stack.base_url, args.actors, 3600)
+        for k in todo:
+            execute(f"{name}/{bursts.STOCK}/r{k}", stack.base_url, actors, trace, None, None)
+            _write_runs(args)
+        ray.shutdown()
+
+
+def _write_runs(args) -> dict:
+    """continuous.json's `bursts` from the runs on disk."""
+    from benchmarks.continuous import bursts
+    from benchmarks.replay.runs import read_run, run_path, summary
+
+    def table(name: str, policies, observed: bool) -> dict | None:
+        repeats = []
+        for k in range(args.repeats):
+            rep = {}
+            for p in policies:
+                if run_path(f"{name}/{p}/r{k}").exists():
+                    records = read_run(f"{name}/{p}/r{k}")
+                    rep[p] = bursts.keep(summary(bursts.observed_lengths(records) if observed else records))
+            if rep:
+                repeats.append(rep)
+        if not repeats:
+            return None
+        changes = {p: {m: bursts.spread(repeats, p, m) for m in ("mean_jct_s", "short_p99_jct_s", "p99_jct_s",
+                                                                  "mean_ttft_s", "throughput_tok_s")}
+                   for p in policies if p != "ray_default"}
+        return {"requests": bursts.BURST, "repeats": repeats, "changes_vs_ray_default": changes,
+                "lost_requests": sum(rep[p]["failed"] for rep in repeats for p in rep)}
+
+    real = table("dataset_burst", (*bursts.DATASET_POLICIES, bursts.STOCK), False)
+    sharegpt = table("sharegpt_burst", ("ray_default", "last_work"), True)
+    current = parts_file.load(args.out, "continuous").get("bursts", {})
+    return _update(args.out, bursts={**current, **({"real": real} if real else {}),
+                                     **({"sharegpt": sharegpt} if sharegpt else {})})
+
+
 def main(argv=None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     p = argparse.ArgumentParser(prog="python -m benchmarks.continuous", description=__doc__,
@@ -106,8 +196,16 @@ def main(argv=None) -> None:
     r.add_argument("--repeats", type=int, default=3)
     r.add_argument("--actors", type=int, default=2)
     r.add_argument("--seed", type=int, default=0)
+    b = sub.add_parser("burst")
+    b.add_argument("--policies", nargs="+", default=["ray_default", "last_work", "ceiling", "oracle_work"])
+    k = sub.add_parser("stock")
+    g = sub.add_parser("sharegpt")
+    g.add_argument("--policies", nargs="+", default=["ray_default", "last_work"])
+    for sp in (b, k, g):
+        sp.add_argument("--repeats", type=int, default=3)
+        sp.add_argument("--actors", type=int, default=2)
     sub.add_parser("report")
-    for sp in (s, d, r):
+    for sp in (s, d, r, b, k, g):
         sp.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     out = getattr(args, "out", RESULTS)
@@ -116,6 +214,28 @@ def main(argv=None) -> None:
         return
     if args.command == "real":
         _real(args)
+        return
+    if args.command == "burst":
+        from benchmarks.continuous import bursts
+
+        _runs(args, "dataset_burst", bursts.dataset_burst(), args.policies)
+        _write_runs(args)
+        return
+    if args.command == "stock":
+        from benchmarks.continuous import bursts
+
+        _stock(args, "dataset_burst", bursts.dataset_burst())
+        _write_runs(args)
+        return
+    if args.command == "sharegpt":
+        from transformers import AutoTokenizer
+
+        from benchmarks.continuous import bursts, real
+        from predictor.model_files import resolve_model_source
+
+        trace = real.held_out_chat(AutoTokenizer.from_pretrained(resolve_model_source("embedded")), n=bursts.BURST)
+        _runs(args, "sharegpt_burst", trace, args.policies)
+        _write_runs(args)
         return
     from benchmarks.simulator.setup import load_setup
 

@@ -139,7 +139,8 @@ class ReplayActor:
         sent = time.time()
         record = dict(request_id=req.request_id, scenario=req.scenario, prompt_tokens=req.prompt_tokens,
                       true_output_tokens=req.true_output_tokens, sent_s=sent - t0, **fields)
-        extra = {"stream": True, "stream_options": {"include_usage": True}, "extra_headers": headers}
+        extra = {"stream": True, "stream_options": {"include_usage": True},
+                 "extra_headers": {**headers, "X-Request-Id": req.request_id}}  # the router logs it beside its own
         body = req.body(self._model)
         api = self._client.chat.completions if req.kind == "chat" else self._client.completions
         first = usage = None
@@ -247,6 +248,7 @@ def replay(
     batch_size: int = 8,
     timeout_s: float = 600,
     actors: list | None = None,
+    t0: float | None = None,
 ) -> list[RequestRecord]:
     """Replay `trace` against the router at `base_url` and return one record per request.
 
@@ -255,6 +257,8 @@ def replay(
     benchmark headers) picks the routing policy per request; None leaves the router's own.
     `timeout_s` bounds the whole replay: requests still running then end as failed records.
     `load_rps` only labels open-loop records (the trace's arrivals already carry the rate).
+    `t0`: the wall-clock time (time.time()) an open-loop trace starts at, if the caller must know
+    it (to read the router's own records on the same clock); by default a moment from now.
     Checks sent = completed + failed and raises LostRequests if any request has no record.
     """
     if mode not in ("open", "batch"):
@@ -263,7 +267,7 @@ def replay(
         raise ValueError("batch mode plans pools with X-Routing-Policy: name a policy")
     model = served_model(base_url)
     actors = actors or spawn_actors(base_url, num_actors, timeout_s, model)
-    t0 = time.time() + START_LEAD_S
+    t0 = t0 or time.time() + START_LEAD_S
     deadline = t0 + timeout_s
     label = policy or httpx.get(f"{base_url}/health", timeout=30).json()["policy"]
     if mode == "open":

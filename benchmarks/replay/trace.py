@@ -104,7 +104,7 @@ def arrival_times(n: int, arrival: str, rate: float, rng: random.Random, data_di
 
 def build_trace(
     dataset_dir: Path = DEFAULT_OUT,
-    split: str = "test",
+    split: str | tuple[str, ...] = "test",
     n: int = 50,
     arrival: str = "poisson",
     rate: float = 1.0,
@@ -114,7 +114,7 @@ def build_trace(
     data_dir: Path = DEFAULT_DATA_DIR,
     max_true_tokens: int | None = None,
 ) -> list[TraceRequest]:
-    """n requests drawn from the split (without replacement while it lasts), seeded.
+    """n requests drawn from the split (or splits; without replacement while they last), seeded.
 
     `max_tokens` caps every answer (default: the dataset's generation cap); `true_output_tokens`
     is the dataset's length under the same cap. Sampling at the dataset's temperature gives
@@ -124,8 +124,10 @@ def build_trace(
     """
     settings = load_meta(dataset_dir)["settings"]
     cap = max_tokens or settings["max_tokens"]
+    splits = (split,) if isinstance(split, str) else tuple(split)
+    in_splits = [r for r in load_samples(dataset_dir) if r["split"] in splits]
     rows = [
-        r for r in load_samples(dataset_dir, split=split)
+        r for r in in_splits
         if (scenarios is None or r["scenario"] in scenarios)
         and (max_true_tokens is None or r["output_tokens"] <= max_true_tokens)
     ]
@@ -133,7 +135,7 @@ def build_trace(
         raise ValueError(f"no {split!r} samples in {dataset_dir} for scenarios {scenarios}")
     rows.sort(key=lambda r: (r["prompt_id"], r["sample_idx"]))  # file order depends on build timing
     lengths: dict[str, dict[int, int]] = {}
-    for r in load_samples(dataset_dir, split=split):
+    for r in in_splits:
         lengths.setdefault(r["prompt_id"], {})[r["sample_idx"]] = min(r["output_tokens"], cap)
     rng = random.Random(seed)
     picked: list[dict] = []

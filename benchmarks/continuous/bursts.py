@@ -1,0 +1,95 @@
+"""The real stack where a backlog forms: bursts, and continuous load near capacity.
+
+Length-awareness can only pay where requests wait, so these runs make them wait: a burst of 128
+requests onto the default stack's 32 slots (4x), and Poisson or bursty (Azure-like) arrivals at
+95% of the capacity a burst measured. Every run is a `benchmarks.replay.runs` run: its per-request
+records (the client's and the router's, joined) are kept under benchmarks/results/runs/, a run
+already there is not run again, and the policies of one repeat run back to back (interleaved), so
+a slow spell of the machine hits them alike.
+
+- dataset burst: 128 of the dataset's val and test prompts (every scenario), max_tokens 1024, so
+  the same trace carries the known limits: `ceiling` (each prompt's median over its other
+  samples) and `oracle_work` (the dataset's own length of the sample) beside `ray_default` and
+  `last_work`;
+- Ray Serve LLM's own OpenAI app (`build_openai_app`) on the same burst, with the same two engines
+  and settings, behind Ray's default router: what a user would pick instead;
+- ShareGPT burst: 128 of the developers' ShareGPT first turns the dataset never used;
+- continuous load: Poisson and Azure-like arrivals at a share of the measured capacity.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks.replay.runs import RunRecord
+from benchmarks.replay.trace import TraceRequest, build_trace
+from deployments.engine_pool import llm_config
+from serving.config import StackConfig
+
+BURST = 128
+BURST_MAX_TOKENS = 1024
+DATASET_POLICIES = ("ray_default", "last_work", "ceiling", "oracle_work")
+STOCK = "ray_serve_llm"  # the stock app's label among the burst's policies
+
+
+def dataset_burst(n: int = BURST, seed: int = 0) -> list[TraceRequest]:
+    """n val/test requests, every one arriving at once."""
+    trace = build_trace(split=("val", "test"), n=n, arrival="poisson", rate=1.0, seed=seed,
+                        max_tokens=BURST_MAX_TOKENS)
+    return [r.model_copy(update={"arrival_s": 0.0}) for r in trace]
+
+
+def arrivals(trace: list[TraceRequest], process: str, rate: float, seed: int = 0) -> list[TraceRequest]:
+    """The same requests, re-timed by an arrival process at `rate` requests/s."""
+    from benchmarks.replay.trace import arrival_times
+    import random
+
+    times = arrival_times(len(trace), process, rate, random.Random(seed))
+    return [r.model_copy(update={"arrival_s": t}) for r, t in zip(trace, times)]
+
+
+def capacity_rps(records: list[RunRecord]) -> float:
+    """Requests/s the stack completes with every slot busy: completions over the middle 80% of a
+    burst (the start fills the slots, the tail drains them)."""
+    finishes = sorted(r.finish_s for r in records if r.status == "ok")
+    lo, hi = len(finishes) // 10, 9 * len(finishes) // 10
+    return (hi - lo) / (finishes[hi] - finishes[lo])
+
+
+def stock_application(config: StackConfig, runtime_env: dict) -> dict:
+    """Ray Serve LLM's own OpenAI app with the stack's engines (same model, engine settings, slots),
+    its own ingress and Ray's default request router: no length prediction, no router queue."""
+    pool = config.pools[0]
+    fifo = config.router.model_copy(update={"shortest_first": False})  # the stock app sends no priority
+    llm = llm_config(config.model, pool, fifo).model_dump(mode="json", exclude_unset=True)
+    for ours in ("request_router_config", "max_queued_requests", "name"):  # Ray's own router, unbounded queue
+        llm["deployment_config"].pop(ours, None)
+    return {"name": "ray-serve-llm", "route_prefix": "/", "import_path": "ray.serve.llm:build_openai_app",
+            "runtime_env": runtime_env,
+            "args": {"llm_configs": [llm],
+                     # Ray counts logical CPUs: its ingress's default whole CPU would not fit beside the engines.
+                     "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0.1}}}}
+
+
+def observed_lengths(records: list[RunRecord]) -> list[RunRecord]:
+    """Records of a trace whose true lengths are unknown (ShareGPT): the length generated stands for it."""
+    return [r.model_copy(update={"true_output_tokens": r.completion_tokens or 0}) for r in records]
+
+
+KEPT = ("mean_jct_s", "p50_jct_s", "p99_jct_s", "short_p99_jct_s", "mean_ttft_s", "p50_ttft_s", "p99_ttft_s",
+        "throughput_tok_s", "makespan_s", "ranked_share", "queued_share", "predictor_latency_p50_s",
+        "predictor_latency_p99_s", "completed", "failed")
+
+
+def keep(summary: dict) -> dict:
+    return {k: summary.get(k) for k in KEPT}
+
+
+def spread(repeats: list[dict], policy: str, metric: str, baseline: str = "ray_default") -> dict | None:
+    """A policy's change against the baseline in each repeat (the same trace, run back to back)."""
+    changes = [rep[policy][metric] / rep[baseline][metric] - 1 for rep in repeats
+               if policy in rep and baseline in rep and rep[policy].get(metric) and rep[baseline].get(metric)]
+    if not changes:
+        return None
+    return {"median": float(np.median(changes)), "min": float(min(changes)), "max": float(max(changes)),
+            "each": changes}
