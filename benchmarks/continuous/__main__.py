@@ -2,15 +2,16 @@
 
   sim      the simulator at 10/100/1,000 replicas x loads x arrival processes x policies (~1 h here)
   design   the sweeps behind the router's defaults: aging bound, ranking statistic, replica choice
-  real     the stack from ray_config.yaml: queueing runs (the work policy vs Ray's default, 3 repeats),
-           the held-out ShareGPT burst, then the same burst against a bare vLLM server (~1 h here)
+  bare     held-out ShareGPT prompts, 24 in flight, on a bare vLLM server and on the stack (what the
+           stack costs or buys; ~30 min here)
   burst    128 dataset val/test requests at once onto the default stack: ray_default, last_work,
            ceiling, oracle_work, 3 interleaved repeats (~10 min a run); per-request records in
            benchmarks/results/runs/, resumable
   stock    the same burst on Ray Serve LLM's own OpenAI app with the same engines (its own process:
            one Ray driver per cluster)
   sharegpt the same with 128 held-out ShareGPT prompts: ray_default against last_work
-  load     continuous load at a share of the capacity the bursts measured, Poisson and Azure-like
+  load     300 val/test requests arriving at a share of the capacity the bursts measured (Poisson,
+           Azure-like): ray_default against last_work, 3 interleaved repeats, resumable
   report   rebuild continuous.{md,png} from continuous.json
 
 Each command replaces its own part of benchmarks/results/continuous.json and rewrites the report,
@@ -37,8 +38,8 @@ def _update(out: Path, **parts) -> dict:
     return parts_file.update(out, "continuous", report.markdown, report.plot, **parts)
 
 
-def _real(args) -> dict:
-    import httpx
+def _bare(args) -> dict:
+    """The held-out ShareGPT burst, a fixed number in flight, against a bare vLLM server and the stack."""
     import ray
     from transformers import AutoTokenizer
 
@@ -50,7 +51,6 @@ def _real(args) -> dict:
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_source("embedded"))
     burst_trace = real.held_out_chat(tokenizer)
-    trace = real.queueing_trace(args.n, args.rate, args.max_tokens, args.seed)
     # The bare server first: its few minutes tell early whether the long stack part can be compared.
     with tempfile.TemporaryDirectory() as tmp, real.bare_vllm(Path(tmp)) as url:
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
@@ -63,27 +63,19 @@ def _real(args) -> dict:
             os.environ["RAY_ADDRESS"] = "auto"
             connect()
             actors = spawn_actors(stack.base_url, args.actors, 1800)
-            health = httpx.get(f"{stack.base_url}/health", timeout=30).json()
-            queueing = real.queueing_runs(stack.base_url, actors, trace, args.policies, args.repeats, drain)
             bursts = {}
             for mode in ("waiting", "all"):  # predict only requests that wait, or every one (its CPU cost)
                 drain(stack.base_url)
                 records = real.closed_loop(stack.base_url, burst_trace, actors, real.BURST_INFLIGHT, f"stack/{mode}",
-                                           policy=args.policies[-1], extra_headers={"X-Predict": mode})
+                                           policy=args.policy, extra_headers={"X-Predict": mode})
                 bursts[mode] = real.burst_summary(records)
             ray.shutdown()
     stack_burst = bursts["waiting"]
-    settings = {"queueing": {"requests": args.n, "rate_rps": args.rate, "max_tokens": args.max_tokens,
-                             "policies": args.policies, "repeats": args.repeats},
-                "burst": {"requests": len(burst_trace), "inflight": real.BURST_INFLIGHT,
-                          "max_tokens": real.BURST_MAX_TOKENS},
-                "stack": {k: health[k] for k in ("policy", "pools", "queues")}}
     ratio = lambda a, b: None if not a or not b else a / b
     return _update(
-        args.out, real={**queueing, "settings": settings},
+        args.out,
         burst={"requests": len(burst_trace), "stack": stack_burst, "stack_predict_all": bursts["all"],
-               "bare_vllm": bare,
-               "fallback_rate": stack_burst["fallback_rate"],
+               "bare_vllm": bare, "fallback_rate": stack_burst["fallback_rate"],
                "p50_ttft_ratio_vs_bare": ratio(stack_burst["p50_ttft_s"], bare["p50_ttft_s"])},
         bare_vllm={"throughput_ratio": ratio(stack_burst["throughput_tok_s"], bare["throughput_tok_s"]),
                    "throughput_tok_s": bare["throughput_tok_s"]},
@@ -163,14 +155,19 @@ def _write_runs(args) -> dict:
         changes = {p: {m: bursts.spread(repeats, p, m) for m in ("mean_jct_s", "short_p99_jct_s", "p99_jct_s",
                                                                   "mean_ttft_s", "throughput_tok_s")}
                    for p in policies if p != "ray_default"}
-        return {"requests": bursts.BURST, "repeats": repeats, "changes_vs_ray_default": changes,
+        return {"requests": sum(rep[p]["completed"] + rep[p]["failed"] for p in rep) // len(rep)
+                if (rep := repeats[0]) else 0, "repeats": repeats, "changes_vs_ray_default": changes,
                 "lost_requests": sum(rep[p]["failed"] for rep in repeats for p in rep)}
 
     real = table("dataset_burst", (*bursts.DATASET_POLICIES, bursts.STOCK), False)
     sharegpt = table("sharegpt_burst", ("ray_default", "last_work"), True)
-    current = parts_file.load(args.out, "continuous").get("bursts", {})
-    return _update(args.out, bursts={**current, **({"real": real} if real else {}),
-                                     **({"sharegpt": sharegpt} if sharegpt else {})})
+    current = parts_file.load(args.out, "continuous")
+    loads = {name.removeprefix("load_"): table(name, ("ray_default", "last_work", "estp_work"), False)
+             for name in bursts.run_names("load_")}
+    loads = {k: {**v, "capacity_rps": bursts.measured_capacity(args.repeats)} for k, v in loads.items() if v}
+    return _update(args.out, bursts={**current.get("bursts", {}), **({"real": real} if real else {}),
+                                     **({"sharegpt": sharegpt} if sharegpt else {})},
+                   **({"real": loads} if loads else {}))
 
 
 def main(argv=None) -> None:
@@ -188,32 +185,32 @@ def main(argv=None) -> None:
     for sp in (s, d):
         sp.add_argument("--workers", type=int, default=2)
         sp.add_argument("--seed", type=int, default=0)
-    r = sub.add_parser("real")
-    r.add_argument("--n", type=int, default=64, help="requests of the queueing trace")
-    r.add_argument("--rate", type=float, default=2.0, help="its arrival rate, requests/s (a burst over the slots)")
-    r.add_argument("--max-tokens", type=int, default=512)
-    r.add_argument("--policies", nargs="+", default=["ray_default", "estp_work", "last_work"])
-    r.add_argument("--repeats", type=int, default=3)
+    r = sub.add_parser("bare")
+    r.add_argument("--policy", default="last_work")
     r.add_argument("--actors", type=int, default=2)
-    r.add_argument("--seed", type=int, default=0)
     b = sub.add_parser("burst")
     b.add_argument("--policies", nargs="+", default=["ray_default", "last_work", "ceiling", "oracle_work"])
     k = sub.add_parser("stock")
     g = sub.add_parser("sharegpt")
     g.add_argument("--policies", nargs="+", default=["ray_default", "last_work"])
-    for sp in (b, k, g):
+    lo = sub.add_parser("load")
+    lo.add_argument("--policies", nargs="+", default=["ray_default", "last_work"])
+    lo.add_argument("--arrivals", nargs="+", default=["poisson", "azure"])
+    lo.add_argument("--shares", type=float, nargs="+", default=[0.95], help="of the capacity the bursts measured")
+    lo.add_argument("--requests", type=int, default=300)
+    for sp in (b, k, g, lo):
         sp.add_argument("--repeats", type=int, default=3)
         sp.add_argument("--actors", type=int, default=2)
     sub.add_parser("report")
-    for sp in (s, d, r, b, k, g):
+    for sp in (s, d, r, b, k, g, lo):
         sp.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     out = getattr(args, "out", RESULTS)
     if args.command == "report":
         parts_file.write(out, "continuous", parts_file.load(out, "continuous"), report.markdown, report.plot)
         return
-    if args.command == "real":
-        _real(args)
+    if args.command == "bare":
+        _bare(args)
         return
     if args.command == "burst":
         from benchmarks.continuous import bursts
@@ -235,6 +232,16 @@ def main(argv=None) -> None:
 
         trace = real.held_out_chat(AutoTokenizer.from_pretrained(resolve_model_source("embedded")), n=bursts.BURST)
         _runs(args, "sharegpt_burst", trace, args.policies)
+        _write_runs(args)
+        return
+    if args.command == "load":
+        from benchmarks.continuous import bursts
+
+        capacity = bursts.measured_capacity(args.repeats)
+        for share in args.shares:
+            for process in args.arrivals:
+                trace = bursts.arrivals(bursts.dataset_burst(args.requests), process, share * capacity)
+                _runs(args, f"load_{process}@{share:g}", trace, args.policies)
         _write_runs(args)
         return
     from benchmarks.simulator.setup import load_setup

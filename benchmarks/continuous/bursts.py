@@ -19,10 +19,12 @@ a slow spell of the machine hits them alike.
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 
-from benchmarks.replay.runs import RunRecord
-from benchmarks.replay.trace import TraceRequest, build_trace
+from benchmarks.replay.runs import RUNS, RunRecord, read_run, run_path
+from benchmarks.replay.trace import TraceRequest, arrival_times, build_trace
 from deployments.engine_pool import llm_config
 from serving.config import StackConfig
 
@@ -41,9 +43,6 @@ def dataset_burst(n: int = BURST, seed: int = 0) -> list[TraceRequest]:
 
 def arrivals(trace: list[TraceRequest], process: str, rate: float, seed: int = 0) -> list[TraceRequest]:
     """The same requests, re-timed by an arrival process at `rate` requests/s."""
-    from benchmarks.replay.trace import arrival_times
-    import random
-
     times = arrival_times(len(trace), process, rate, random.Random(seed))
     return [r.model_copy(update={"arrival_s": t}) for r, t in zip(trace, times)]
 
@@ -54,6 +53,19 @@ def capacity_rps(records: list[RunRecord]) -> float:
     finishes = sorted(r.finish_s for r in records if r.status == "ok")
     lo, hi = len(finishes) // 10, 9 * len(finishes) // 10
     return (hi - lo) / (finishes[hi] - finishes[lo])
+
+
+def measured_capacity(repeats: int) -> float:
+    """The default stack's capacity on the dataset's mix: the mean over the length-blind bursts run."""
+    runs = [f"dataset_burst/ray_default/r{k}" for k in range(repeats) if run_path(f"dataset_burst/ray_default/r{k}").exists()]
+    if not runs:
+        raise FileNotFoundError("no dataset burst of ray_default yet: run `python -m benchmarks.continuous burst` first")
+    return float(np.mean([capacity_rps(read_run(run)) for run in runs]))
+
+
+def run_names(prefix: str) -> list[str]:
+    """The workloads whose runs are on disk (run files are named <workload>__<policy>__r<k>)."""
+    return sorted({path.name.split("__")[0] for path in RUNS.glob(f"{prefix}*.jsonl")})
 
 
 def stock_application(config: StackConfig, runtime_env: dict) -> dict:

@@ -103,28 +103,16 @@ def _spread(values: list[float]) -> str:
     return f"{np.mean(values):.1f} (min {min(values):.1f}, max {max(values):.1f})"
 
 
-def _real_lines(real: dict) -> list[str]:
-    s = real["settings"]["queueing"]
-    repeats = real["repeats"]
-    policies = list(repeats[0])
-    lines = ["## Real stack: a queue forms (ray_config.yaml on this machine)", "",
-             f"{s['requests']} test-split requests, Poisson at {s['rate_rps']} req/s, max_tokens {s['max_tokens']}, "
-             f"{len(repeats)} repeats, policies interleaved in each; lost requests: {real['lost_requests']}.", "",
-             "| policy | mean JCT (s) | p99 JCT (s) | short p99 (s) | mean TTFT (s) | throughput (tok/s) | queued |",
-             "|---|---|---|---|---|---|---|"]
-    for p in policies:
-        col = lambda k: [r[p][k] for r in repeats if r[p].get(k) is not None]
-        lines.append(f"| {p} | {_spread(col('mean_jct_s'))} | {_spread(col('p99_jct_s'))} | "
-                     f"{_spread(col('short_p99_jct_s'))} | {_spread(col('mean_ttft_s'))} | "
-                     f"{_spread(col('throughput_tok_s'))} | {np.mean(col('queued_share')):.0%} |")
-    for policy in [p for p in policies if p != BASELINE and BASELINE in policies]:
-        wins = [r[policy]["mean_jct_s"] < r[BASELINE]["mean_jct_s"] for r in repeats]
-        deltas = [change(r[policy]["mean_jct_s"], r[BASELINE]["mean_jct_s"]) for r in repeats]
-        p99 = [change(r[policy]["p99_jct_s"], r[BASELINE]["p99_jct_s"]) for r in repeats]
-        lines += ["", f"{policy} beats {BASELINE}'s mean JCT in {sum(wins)} of {len(wins)} repeats "
-                  f"({', '.join(_pct(d) for d in deltas)}; p99 {', '.join(_pct(d) for d in p99)}): "
-                  f"target {'held' if all(wins) else 'missed'}."]
-    return lines + [""]
+def _load_lines(real: dict) -> list[str]:
+    lines = []
+    for workload, block in real.items():
+        arrival, share = workload.split("@")
+        lines += [f"## Continuous load on the real stack: {arrival} arrivals at {float(share):.0%} of capacity", "",
+                  f"{block['requests']} of the dataset's val and test requests, arriving at {float(share):.0%} of the "
+                  f"capacity the length-blind bursts measured ({block['capacity_rps']:.3f} requests/s); "
+                  f"{len(block['repeats'])} repeats, policies back to back; failed or lost: {block['lost_requests']}.",
+                  ""] + _burst_table(block) + _changes(block) + [""]
+    return lines
 
 
 def _burst_lines(burst: dict, bare: dict) -> list[str]:
@@ -137,6 +125,8 @@ def _burst_lines(burst: dict, bare: dict) -> list[str]:
              "the requests that wait (`predictor.predict: waiting`, the default) and predicting every request "
              "(`all`: the prefill's CPU cost on this machine).", "",
              "| | stack (waiting) | stack (all) | bare vLLM | waiting / bare |", "|---|---|---|---|---|"]
+    if burst.get("note"):
+        lines[2:2] = [f"**{burst['note']}**", ""]
     fmt = lambda v: "-" if v is None else f"{v:.2f}"
     for label, key in rows:
         a, c, b = st.get(key), al.get(key), bv.get(key)
@@ -257,6 +247,8 @@ def markdown(result: dict) -> str:
     sim = result.get("simulated")
     if sim:
         st = result.get("simulated_settings", {})
+        if st.get("note"):
+            lines += [f"**Simulated results below: {st['note']}**", ""]
         q = st.get("prediction_quality_test_split", {})
         quality = ", ".join(f"{h} MAE {v['mae_tokens']:.0f} tokens, pool accuracy {v['pool_accuracy']:.0%}"
                             for h, v in q.items() if isinstance(v, dict) and "mae_tokens" in v)
@@ -269,7 +261,7 @@ def markdown(result: dict) -> str:
     if result.get("design"):
         lines += _design_lines(result["design"])
     if result.get("real"):
-        lines += _real_lines(result["real"])
+        lines += _load_lines(result["real"])
     if result.get("burst"):
         lines += _burst_lines(result["burst"], result["bare_vllm"])
     return "\n".join(lines) + "\n"
