@@ -91,3 +91,18 @@ def test_a_step_slowdown_stretches_every_step():
     # prefills 4-6, decodes 6-8; A's 10 tokens take 10 steps: done at 20.
     assert out.first_token.tolist() == [2.0, 6.0]
     assert out.finish.tolist() == [20.0, 8.0]
+
+
+def test_a_prompt_prefilled_before_on_the_engine_skips_its_cached_blocks():
+    """Prefix caching: the second sample of a prompt prefills only past its last full block."""
+    limits = EngineLimits(max_num_seqs=8, max_num_batched_tokens=100, kv_cache_tokens=10_000, block_size=16)
+    spec = ClusterSpec(pools=["only"], replicas={"only": 1}, max_ongoing_requests=16)
+
+    def run(families):
+        requests = [Request(f"r{i}", "round_robin", arrival=t, prompt_tokens=250, family=f)
+                    for i, (t, f) in enumerate(zip([0.0, 20.0], families))]
+        return simulate(Workload(requests, np.array([2, 2])), _scheduler(spec), spec, limits, ONE_SECOND_STEPS, 4096)
+
+    fresh, cached = run(["a", "b"]), run(["a", "a"])
+    assert fresh.first_token[1] - 20.0 == 3.0  # 250 tokens in chunks of 100: three prefill steps
+    assert cached.first_token[1] - 20.0 == 1.0  # 250 % 16 = 10 tokens left: one step

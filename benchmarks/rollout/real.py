@@ -21,12 +21,23 @@ from benchmarks.rollout.metrics import batch_metrics
 from predictor.dataset import load_samples
 
 
-def rl_batch(prompts: int, n: int, max_tokens: int) -> tuple[list[str], dict[str, list[list[int]]]]:
-    """The first `prompts` RL test prompts (by id), and per policy the lengths it is told."""
+def _rl_prompts(prompts: int) -> tuple[list[str], dict[str, list[dict]]]:
+    """The first `prompts` RL test prompts (by id) and their samples."""
     by_prompt: dict[str, list[dict]] = defaultdict(list)
     for r in load_samples(DEFAULT_OUT, split="test", scenario="rl"):
         by_prompt[r["prompt_id"]].append(r)
-    chosen = sorted(by_prompt)[:prompts]
+    return sorted(by_prompt)[:prompts], by_prompt
+
+
+def rl_prompt_tokens(prompts: int) -> list[int]:
+    """The batch's prompts as the engine sees them (a user message in the chat template), in tokens."""
+    chosen, by_prompt = _rl_prompts(prompts)
+    return [by_prompt[p][0]["prompt_tokens"] for p in chosen]
+
+
+def rl_batch(prompts: int, n: int, max_tokens: int) -> tuple[list[str], dict[str, list[list[int]]]]:
+    """The first `prompts` RL test prompts (by id), and per policy the lengths it is told."""
+    chosen, by_prompt = _rl_prompts(prompts)
     texts = [by_prompt[p][0]["prompt"] for p in chosen]
     lengths = [[min(r["output_tokens"], max_tokens) for r in sorted(by_prompt[p], key=lambda r: r["sample_idx"])]
                for p in chosen]

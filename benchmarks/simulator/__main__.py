@@ -4,6 +4,8 @@
   calibrate  measure a vLLM engine's step times, fit the step-time model (vLLM)
   sweep      routing gains vs predictor accuracy (a blurred oracle beside the heads),
              simulator_accuracy_sweep.{json,md,png}
+  validate   replay the real runs' per-request records (benchmarks/results/runs/, rollout_requests.jsonl),
+             fit on some, judge the others: simulator_validation.{json,md}, continuous.json's validation
 
 predict and calibrate run the real model: run them alone on a shared machine. `sweep` only
 simulates.
@@ -19,6 +21,28 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
+def _validate(args) -> None:
+    from fnmatch import fnmatch
+
+    from benchmarks import parts
+    from benchmarks.continuous import report
+    from benchmarks.replay.runs import RUNS, read_run
+    from benchmarks.simulator.setup import load_setup
+    from benchmarks.simulator.validation import load_runs, validate, write
+
+    runs = load_runs(RUNS, args.out / "rollout_requests.jsonl")
+    fit = [name for name in runs if any(fnmatch(name, pattern) for pattern in args.fit)]
+    records = {name: read_run(name) for name in fit if runs[name].kind == "online"}
+    result = validate(load_setup(), runs, fit, records)
+    write(result, args.out)
+    parts.update(args.out, "continuous", report.markdown, report.plot, validation={
+        "fit_runs": result["fit_runs"], "held_out_runs": result["held_out_runs"],
+        "aggregate_error": {k: v["signed"] for k, v in result["aggregate"].items()},
+        "aggregate_absolute_error": {k: v["absolute"] for k, v in result["aggregate"].items()},
+        "sign_agreement": {k: result["sign_agreement"][k] for k in ("agree", "of")}})
+    print(json.dumps({k: result[k] for k in ("fit", "aggregate", "sign_agreement")}, indent=1)[:3000])
+
+
 def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = argparse.ArgumentParser(prog="python -m benchmarks.simulator", description=__doc__,
@@ -27,6 +51,10 @@ def main() -> None:
     p = sub.add_parser("predict", help="ESTP/EGTP predictions for every dataset prompt (cached)")
     p.add_argument("--threads", type=int, default=2)
     sub.add_parser("calibrate", help="measure vLLM step times, fit the step-time model")
+    p = sub.add_parser("validate", help="the simulator against the real runs -> simulator_validation.*")
+    p.add_argument("--fit", nargs="+", default=["dataset_burst/*/r0", "rollout/*/r0"],
+                   help="the runs the step-time factors are fitted on (shell patterns); the rest are held out")
+    p.add_argument("--out", type=Path, default=RESULTS)
     p = sub.add_parser("sweep", help="routing gains vs predictor accuracy -> simulator_accuracy_sweep.*")
     p.add_argument("--replicas", type=int, default=100)
     p.add_argument("--requests", type=int, default=100_000)
@@ -49,6 +77,8 @@ def main() -> None:
         from benchmarks.simulator.calibrate import calibrate
 
         print(json.dumps(calibrate(), indent=1))
+    elif args.command == "validate":
+        _validate(args)
     elif args.command == "sweep":
         from benchmarks.simulator.setup import load_setup
         from benchmarks.simulator.sweep import NOISE, sweep, write

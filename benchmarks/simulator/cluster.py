@@ -131,7 +131,8 @@ class _Loop:
         p = self.pools[pool]
         p.take(k)
         r = p.first + k
-        self.engines[r].submit(Sequence(i, int(request.prompt_tokens or 1), output, request.priority or 0))
+        self.engines[r].submit(Sequence(i, int(request.prompt_tokens or 1), output, request.priority or 0,
+                                        request.family))
         self.replica_of[i] = r
         request.replica, request.dispatched_at = str(r), now
         return r

@@ -12,6 +12,9 @@ together with the running decodes, and a prompt's last prefill chunk yields its 
 Simplified: a request is admitted when its prompt fits the free KV tokens, and the cache of
 running sequences may then grow past the budget (vLLM would preempt and later recompute the
 lowest-priority one); with the stack's 16 requests per replica and ~23k KV tokens that is rare.
+Prefix caching (vLLM's default): a prompt this engine has prefilled before (a sequence's
+`family`, e.g. the samples of one rollout prompt) is prefilled again only past its last full
+cached block, so a rollout's later samples skip most of their prefill.
 Between two events nothing changes the batch, so a run of identical decode steps is timed in
 one closed form (`StepTimeModel.decode_run`) instead of step by step: the simulator's cost is
 per request, not per token.
@@ -26,6 +29,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from benchmarks.simulator.step_time import StepTimeModel
@@ -37,6 +42,7 @@ class Sequence:
     prompt: int
     output: int  # tokens it will generate (the true length, >= 1)
     priority: float
+    family: Hashable | None = None  # sequences of one family share their prompt (prefix caching)
     prefill_left: int = 0
     generated: int = 0
 
@@ -50,6 +56,7 @@ class EngineLimits:
     max_num_batched_tokens: int
     kv_cache_tokens: int
     shortest_first: bool = True
+    block_size: int = 16  # KV cache block: the unit prefix caching reuses
 
 
 @dataclass
@@ -75,6 +82,10 @@ class Engine:
         self._run_decode: tuple[int, float] | None = None
         self._run_prefill: dict[int, int] = {}  # sequence index -> prefill tokens this step
         self._kv = 0  # kept up to date at every run's end (see kv_tokens)
+        # Families whose prompt is in this engine's prefix cache, oldest first, with their prompt
+        # tokens: freed blocks stay cached until newer ones need the room (about half the KV cache
+        # is free while the engine runs its share of requests).
+        self._cached: OrderedDict[Hashable, int] = OrderedDict()
 
     def submit(self, seq: Sequence) -> None:
         """Waits in priority order under shortest-first, else in arrival order (batches: the
@@ -125,6 +136,8 @@ class Engine:
                     s.generated = 1
                     self._kv += 1
                     log.first_token.append(s.index)
+                    if s.family is not None:
+                        self._remember(s)
             if s.prefill_left == 0 and s.generated >= s.output:
                 log.finished.append(s.index)
                 self._kv -= s.prompt + s.generated
@@ -142,8 +155,18 @@ class Engine:
             if self.running and kv + seq.prompt > self.limits.kv_cache_tokens:
                 break  # vLLM waits for blocks; an empty engine takes any prompt that fits the context
             heapq.heappop(self._waiting)
+            if seq.family is not None and seq.family in self._cached:  # only past the last full cached block
+                self._cached.move_to_end(seq.family)
+                seq.prefill_left = max(1, seq.prompt % self.limits.block_size)
+                self._kv += seq.prompt - seq.prefill_left
             self.running.append(seq)
             kv += seq.prompt
+
+    def _remember(self, seq: Sequence) -> None:
+        self._cached[seq.family] = seq.prompt
+        self._cached.move_to_end(seq.family)
+        while sum(self._cached.values()) > self.limits.kv_cache_tokens // 2 and len(self._cached) > 1:
+            self._cached.popitem(last=False)
 
     def _admit_batch(self) -> None:
         """A new batch only into an empty engine: up to B waiting requests, in scheduling order."""

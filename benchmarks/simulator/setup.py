@@ -140,7 +140,8 @@ def load_setup(calibration: Path = CALIBRATION) -> Setup:
     cal = json.loads(Path(calibration).read_text())
     lim = cal["limits"]
     limits = EngineLimits(max_num_seqs=lim["max_num_seqs"], max_num_batched_tokens=lim["max_num_batched_tokens"],
-                          kv_cache_tokens=lim["kv_cache_tokens"], shortest_first=config.router.shortest_first)
+                          kv_cache_tokens=lim["kv_cache_tokens"], shortest_first=config.router.shortest_first,
+                          block_size=lim["block_size"])
     default = POLICIES[config.router.policy].head or "last"
     heads = {name: load_checkpoint(head_checkpoint(name))[1].bins
              for name in sorted(CHECKPOINTS, key=lambda name: name != default)}  # the stack's default first

@@ -1,0 +1,298 @@
+"""The simulator against the real stack: real runs replayed through the same scheduling code.
+
+Each real run left its per-request records (benchmarks.replay.runs; rollouts: rollout_requests.jsonl).
+A replay gives the simulator the same requests: the same arrivals (when each was sent), prompts,
+lengths (what the engine really generated), the same policy deciding through the router's
+scheduling core, ranking each request by what the real router knew when it dispatched it (a
+told length, or a prediction that landed in time; otherwise the prior), and the stack's replica
+choice. Only the engines' timing is the model's: the step-time model calibrated on one engine
+in-process, scaled by what the deployed serving path adds, fitted on some runs:
+- `const`, `decode`, `prefill`: factors on the calibrated step terms (two engines, the router,
+  the predictor and the clients share two cores; the deployed engines run out of process);
+- `delay_in_s` and `delay_out_s`: the HTTP and Ray hops before the router sees a request and
+  after the engine emits a token, the medians measured on the fit runs (the router's request log
+  against the client's clock).
+Prefix-cache hits are the engine model's (a rollout's samples share their prompt).
+
+Runs are split into fit runs and held-out runs; the errors reported (per request: JCT, TTFT and
+time per output token, median and p90 of the relative error; aggregate: mean and p99 JCT, mean
+TTFT, throughput, makespan, relative and signed) are the held-out runs', with the fit's beside
+them. Where the real runs resolve a policy difference beyond their repeats' spread, the
+simulator must get its sign right.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.replay.runs import RunRecord
+from benchmarks.simulator.cluster import ClusterSpec, simulate, simulate_rollout
+from benchmarks.simulator.setup import SINGLE_POOL, Setup
+from benchmarks.simulator.step_time import StepTimeModel
+from benchmarks.simulator.workload import Workload
+from scheduling.request import Prediction, Request
+
+AGGREGATES = ("mean_jct_s", "p99_jct_s", "mean_ttft_s", "throughput_tok_s", "makespan_s")
+
+
+@dataclass(frozen=True)
+class Fit:
+    const: float = 1.0
+    decode: float = 1.0
+    prefill: float = 1.0
+    delay_in_s: float = 0.0
+    delay_out_s: float = 0.0
+
+    def model(self, base: StepTimeModel) -> StepTimeModel:
+        return StepTimeModel(const=base.const * self.const, decode_seqs=base.decode_seqs * self.decode,
+                             prefill_tokens=base.prefill_tokens * self.prefill, kv_tokens=base.kv_tokens * self.decode)
+
+
+@dataclass
+class Run:
+    """A real run to replay: its name, kind, requests, and what the client measured."""
+
+    name: str
+    kind: str  # "online" (router or stock app) or a rollout schedule ("fifo", "makespan")
+    policy: str  # the routing policy the router decided by (the stock app: ray_default)
+    choice: str  # the replica choice in front of the engines
+    requests: list[Request]
+    output: np.ndarray  # tokens each really generated
+    arrival: np.ndarray  # client clock: when the trace says it arrived (a rollout: 0)
+    first_token: np.ndarray  # client clock
+    finish: np.ndarray
+
+    def workload(self, delay_in_s: float) -> Workload:
+        """Fresh records (a simulation fills them), reaching the router `delay_in_s` after they were sent."""
+        return Workload([replace(r, arrival=r.arrival + delay_in_s) for r in self.requests], self.output)
+
+
+def online_run(name: str, records: list[RunRecord]) -> Run:
+    """A burst or load run of the router (or the stock app, whose records have no router side)."""
+    ok = sorted((r for r in records if r.status == "ok"), key=lambda r: (r.sent_s, r.request_id))
+    policy = ok[0].decided_by or "ray_default"
+    requests = []
+    for r in ok:
+        told = {"ceiling": r.ceiling_tokens, "oracle_work": r.true_output_tokens, "oracle": r.true_output_tokens}
+        landed = r.prediction_landed == "before_dispatch" and r.predicted_tokens is not None
+        requests.append(Request(
+            r.request_id, policy, arrival=r.sent_s, prompt_tokens=r.prompt_tokens, max_tokens=1024,
+            told_tokens=told.get(policy), family=r.request_id,
+            prediction=Prediction("last", float(r.predicted_tokens), {}, SINGLE_POOL, {}) if landed else None))
+    stock = ok[0].decided_by is None
+    return Run(name, "online", policy, "power_of_two" if stock else "least_inflight", requests,
+               np.array([r.completion_tokens for r in ok]), np.array([r.arrival_s for r in ok]),
+               np.array([r.first_token_s for r in ok]), np.array([r.finish_s for r in ok]))
+
+
+def rollout_run(name: str, samples: list[dict], schedule: str, prompt_tokens: list[int]) -> Run:
+    """A /v1/rollout batch: every sample there at the start, each with the estimate its plan used."""
+    ok = [s for s in samples if s["error"] is None]
+    requests = [Request(f"{s['prompt_index']}/{s['sample_index']}", "rollout", prompt_tokens=prompt_tokens[s["prompt_index"]],
+                        max_tokens=1024, family=s["prompt_index"],
+                        told_tokens=None if s["estimated_tokens"] is None else round(s["estimated_tokens"]))
+                for s in ok]
+    return Run(name, schedule, "ray_default", "least_inflight", requests,
+               np.array([s["completion_tokens"] for s in ok]), np.zeros(len(ok)),
+               np.array([s["first_token_s"] for s in ok]), np.array([s["finished_s"] for s in ok]))
+
+
+def simulated(run: Run, setup: Setup, fit: Fit, replicas: int, per_replica: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first token, finish) per request on the client's clock, as the simulator has them."""
+    spec = ClusterSpec(pools=[SINGLE_POOL], replicas={SINGLE_POOL: replicas}, max_ongoing_requests=per_replica,
+                       replica_choice=run.choice)
+    model = fit.model(setup.model)
+    workload = run.workload(fit.delay_in_s if run.kind == "online" else 0.0)
+    if run.kind == "online":
+        scheduler = setup.scheduler(run.policy, spec, bounded=False)
+        out = simulate(workload, scheduler, spec, setup.limits, model, setup.config.model.max_model_len)
+    else:
+        out = simulate_rollout(workload, run.kind, spec, setup.limits, model)
+    return out.first_token + fit.delay_out_s, out.finish + fit.delay_out_s
+
+
+def metrics(arrival: np.ndarray, first: np.ndarray, finish: np.ndarray, tokens: np.ndarray) -> dict:
+    jct, ttft = finish - arrival, first - arrival
+    span = finish.max() - arrival.min()
+    return {"mean_jct_s": float(jct.mean()), "p99_jct_s": float(np.percentile(jct, 99)),
+            "mean_ttft_s": float(ttft.mean()), "throughput_tok_s": float(tokens.sum() / span),
+            "makespan_s": float(span)}
+
+
+def _tpot(first: np.ndarray, finish: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    return (finish - first) / np.maximum(tokens - 1, 1)
+
+
+def compare(run: Run, setup: Setup, fit: Fit, replicas: int = 2, per_replica: int = 16) -> dict:
+    """Real against simulated: per-request relative errors and the aggregates' signed errors."""
+    first, finish = simulated(run, setup, fit, replicas, per_replica)
+    real = metrics(run.arrival, run.first_token, run.finish, run.output)
+    sim = metrics(run.arrival, first, finish, run.output)
+    per_request = {}
+    for name, r, s in (("jct", run.finish - run.arrival, finish - run.arrival),
+                       ("ttft", run.first_token - run.arrival, first - run.arrival),
+                       ("tpot", _tpot(run.first_token, run.finish, run.output), _tpot(first, finish, run.output))):
+        rel = np.abs(s - r) / np.maximum(r, 1e-3)
+        per_request[name] = {"median": float(np.median(rel)), "p90": float(np.percentile(rel, 90))}
+    return {"requests": len(run.requests), "real": real, "simulated": sim,
+            "error": {k: sim[k] / real[k] - 1 for k in AGGREGATES}, "per_request": per_request}
+
+
+def fit_scales(runs: list[Run], setup: Setup, delays: tuple[float, float]) -> Fit:
+    """The step-time factors that make the fit runs' requests finish when they really did
+    (least squares on log JCT and log TTFT per request), the hops' delays measured."""
+    from scipy.optimize import minimize
+
+    def loss(x: np.ndarray) -> float:
+        fit = Fit(*np.exp(x), *delays)
+        total = 0.0
+        for run in runs:
+            first, finish = simulated(run, setup, fit, 2, 16)
+            total += np.mean(np.log((finish - run.arrival) / (run.finish - run.arrival)) ** 2)
+            total += 0.5 * np.mean(np.log(np.maximum(first - run.arrival, 1e-3)
+                                          / np.maximum(run.first_token - run.arrival, 1e-3)) ** 2)
+        return total / len(runs)
+
+    best = minimize(loss, np.zeros(3), method="Nelder-Mead", options={"xatol": 1e-3, "fatol": 1e-5, "maxiter": 400})
+    return Fit(*np.exp(best.x), *delays)
+
+
+def measured_delays(records: list[list[RunRecord]]) -> tuple[float, float]:
+    """Medians over the fit runs of client send -> router, and router's first token -> client's."""
+    into = [r.router_arrival_s - r.sent_s for rs in records for r in rs if r.router_arrival_s is not None]
+    out = [r.first_token_s - r.router_first_token_s for rs in records for r in rs
+           if r.router_first_token_s is not None and r.first_token_s is not None]
+    return float(np.median(into)) if into else 0.0, float(np.median(out)) if out else 0.0
+
+
+def sign_agreement(real: dict[str, list[dict]], sim: dict[str, list[dict]], baseline: str = "ray_default",
+                   metric: str = "mean_jct_s") -> dict:
+    """Per (workload, policy): the real change against the baseline over repeats, and whether the
+    simulator's change has the same sign wherever the real one exceeds the repeats' spread."""
+    rows, agree, resolved = [], 0, 0
+    by_workload = defaultdict(dict)
+    for key, values in real.items():
+        workload, policy = key.rsplit("/", 1)
+        by_workload[workload][policy] = values
+    for workload, policies in by_workload.items():
+        if baseline not in policies:
+            continue
+        base_real = np.array([v[metric] for v in policies[baseline]])
+        base_sim = np.array([v[metric] for v in sim[f"{workload}/{baseline}"]])
+        for policy, values in policies.items():
+            if policy == baseline:
+                continue
+            n = min(len(values), len(base_real))
+            changes = np.array([v[metric] for v in values[:n]]) / base_real[:n] - 1
+            sim_change = float(np.mean(np.array([v[metric] for v in sim[f"{workload}/{policy}"][:n]]) / base_sim[:n] - 1))
+            beyond = bool(np.all(changes > 0) or np.all(changes < 0)) and n > 1
+            same = np.sign(sim_change) == np.sign(np.mean(changes))
+            rows.append({"workload": workload, "policy": policy, "real_changes": changes.tolist(),
+                         "simulated_change": sim_change, "resolved": beyond, "same_sign": bool(same)})
+            resolved += beyond
+            agree += beyond and same
+    return {"agree": agree, "of": resolved, "rows": rows}
+
+
+def write(result: dict, out: Path) -> None:
+    (out / "simulator_validation.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "simulator_validation.md").write_text(markdown(result))
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
+
+
+def markdown(result: dict) -> str:
+    fit = result["fit"]
+    lines = ["# The simulator against the real stack", "",
+             "Generated by `python -m benchmarks.simulator validate`. Real runs' per-request records replayed through "
+             "the router's own scheduling code (the same arrivals, prompts, generated lengths and policies; ranks as "
+             "the real router knew them at dispatch; the stack's replica choice); only the engines' timing is the "
+             "model's. Fitted on the fit runs: step-time factors const x{const:.2f}, decode x{decode:.2f}, prefill "
+             "x{prefill:.2f} on the single-engine calibration; measured hops {delay_in_s:.2f} s in, {delay_out_s:.2f} s "
+             "out.".format(**fit), "",
+             f"Fit runs: {', '.join(result['fit_runs'])}.", "",
+             f"Held-out runs: {', '.join(result['held_out_runs'])}.", "",
+             "## Aggregate error on the held-out runs (simulated / real - 1)", "",
+             "| metric | mean signed error | mean absolute error | worst | target |", "|---|---|---|---|---|"]
+    for metric, e in result["aggregate"].items():
+        lines.append(f"| {metric} | {_pct(e['signed'])} | {100 * e['absolute']:.1f}% | {_pct(e['worst'])} | "
+                     f"{'held' if e['absolute'] <= 0.10 else 'MISSED'} (<= 10%) |")
+    sa = result["sign_agreement"]
+    lines += ["", f"Sign of every policy difference the real runs resolve beyond their repeats' spread: "
+              f"{sa['agree']} of {sa['of']} agree.", "",
+              "## Per run", "",
+              "| run | set | requests | mean JCT real / sim | p99 JCT | mean TTFT | tok/s | makespan | "
+              "JCT error p50 / p90 | TTFT error p50 / p90 | TPOT error p50 / p90 |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, c in result["runs"].items():
+        r, s, pr = c["real"], c["simulated"], c["per_request"]
+        pair = lambda k: f"{r[k]:.1f} / {s[k]:.1f}"
+        lines.append(f"| {name} | {c['set']} | {c['requests']} | {pair('mean_jct_s')} | {pair('p99_jct_s')} | "
+                     f"{pair('mean_ttft_s')} | {pair('throughput_tok_s')} | {pair('makespan_s')} | "
+                     + " | ".join(f"{100 * pr[k]['median']:.0f}% / {100 * pr[k]['p90']:.0f}%" for k in ("jct", "ttft", "tpot"))
+                     + " |")
+    lines += ["", "## Policy differences (mean JCT against ray_default)", "",
+              "| workload | policy | real, each repeat | simulated | resolved | same sign |", "|---|---|---|---|---|---|"]
+    for row in sa["rows"]:
+        lines.append(f"| {row['workload']} | {row['policy']} | {', '.join(_pct(c) for c in row['real_changes'])} | "
+                     f"{_pct(row['simulated_change'])} | {'yes' if row['resolved'] else 'no'} | "
+                     f"{'yes' if row['same_sign'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def aggregate(compared: dict[str, dict], names: list[str]) -> dict:
+    out = {}
+    for metric in AGGREGATES:
+        errors = [compared[n]["error"][metric] for n in names]
+        out[metric] = {"signed": float(np.mean(errors)), "absolute": float(np.mean(np.abs(errors))),
+                       "worst": float(max(errors, key=abs))}
+    return out
+
+
+def summary_json(fit: Fit, fit_runs: list[str], held_out: list[str], compared: dict, agreement: dict) -> dict:
+    return {"fit": asdict(fit), "fit_runs": fit_runs, "held_out_runs": held_out,
+            "aggregate": aggregate(compared, held_out), "aggregate_fit": aggregate(compared, fit_runs),
+            "sign_agreement": agreement,
+            "runs": {n: {**c, "set": "fit" if n in fit_runs else "held out"} for n, c in compared.items()}}
+
+
+def load_runs(runs_dir: Path, rollout_records: Path) -> dict[str, Run]:
+    """Every real run on disk: the bursts and loads (runs/*.jsonl) and the real rollouts."""
+    from benchmarks.replay.runs import read_run
+    from benchmarks.rollout.real import POLICIES as SCHEDULES, rl_prompt_tokens
+
+    runs = {}
+    for path in sorted(runs_dir.glob("*.jsonl")):
+        name = path.stem.replace("__", "/")
+        runs[name] = online_run(name, read_run(name, runs_dir))
+    if rollout_records.exists():
+        batches = defaultdict(list)
+        for line in rollout_records.read_text().splitlines():
+            sample = json.loads(line)
+            batches[(sample["policy"], sample["repeat"])].append(sample)
+        tokens = rl_prompt_tokens(max(s["prompt_index"] for b in batches.values() for s in b) + 1)
+        for (policy, repeat), samples in sorted(batches.items()):
+            name = f"rollout/{policy}/r{repeat}"
+            runs[name] = rollout_run(name, samples, SCHEDULES[policy], tokens)
+    return runs
+
+
+def validate(setup: Setup, runs: dict[str, Run], fit_names: list[str], records: dict[str, list[RunRecord]]) -> dict:
+    """Fit on `fit_names`, compare every run, and judge the held-out ones."""
+    delays = measured_delays([records[n] for n in fit_names if n in records])
+    fit = fit_scales([runs[n] for n in fit_names], setup, delays)
+    compared = {name: compare(run, setup, fit) for name, run in runs.items()}
+    held_out = [n for n in runs if n not in fit_names]
+    real, sim = defaultdict(list), defaultdict(list)
+    for name in held_out:  # repeats of one workload and policy, for the sign check
+        workload_policy = name.rsplit("/", 1)[0]
+        real[workload_policy].append(compared[name]["real"])
+        sim[workload_policy].append(compared[name]["simulated"])
+    return summary_json(fit, fit_names, held_out, compared, sign_agreement(real, sim))
