@@ -96,3 +96,256 @@ def test_per_prompt_targets_refuse_censored_samples():
         build_targets([[10, 20]], "median", SPIKY, [[False, True]])
     assert build_targets([[10, 20]], "samples", SPIKY, [[False, True]]).censored.tolist() == [False, True]
     assert build_targets([[10, 20]], "median", SPIKY, [[False, False]]).lengths.tolist() == [15.0]
+
+
+# --- the reservoir --------------------------------------------------------------------------------
+
+from predictor.online.reservoir import Observation, StratifiedReservoir, stratum  # noqa: E402
+
+
+def obs(i: int, prompt_tokens: int = 100, tokens: int = 200, censored: bool = False) -> Observation:
+    return Observation(f"r{i}", torch.full((4,), float(i)), tokens, censored, prompt_tokens)
+
+
+def test_strata_are_log_buckets_of_prompt_and_output_with_censored_apart():
+    assert stratum(obs(0, 64, 32)) == "p0/o0" and stratum(obs(0, 65, 33)) == "p1/o1"
+    assert stratum(obs(0, 100_000, 5000)) == "p7/o6" and stratum(obs(0, 3000, 5, censored=True)) == "p6/cut"
+
+
+def test_the_bound_holds_and_a_burst_of_one_stratum_leaves_the_others_intact():
+    kinds = [(50, 20), (50, 300), (500, 20), (500, 300), (500, 700, True)]
+    r = StratifiedReservoir(capacity=100, seed=1)
+    for i in range(100):
+        r.add(obs(i, *kinds[i % 5]))
+    before = r.counts()
+    assert len(r) == 100 and set(before.values()) == {20}
+    for i in range(100, 1100):  # a burst of one kind of traffic
+        evicted = r.add(obs(i, 50, 300))
+        assert len(r) == 100 and stratum(evicted) == "p0/o4"
+    assert r.counts() == before
+    kept = [o.key for o in r.observations() if stratum(o) == "p0/o4"]
+    assert len(kept) == 20 and any(int(k[1:]) >= 100 for k in kept)  # the burst is sampled, not ignored
+
+
+def test_eviction_is_seeded_and_a_restored_reservoir_continues_identically():
+    def run(seed, n):
+        r = StratifiedReservoir(30, seed)
+        for i in range(n):
+            r.add(obs(i, 50 + 37 * (i % 7), 10 + 97 * (i % 5)))
+        return r
+
+    a, b = run(3, 200), run(3, 200)
+    assert [o.key for o in a.observations()] == [o.key for o in b.observations()]
+    assert [o.key for o in run(4, 200).observations()] != [o.key for o in a.observations()]
+    restored = StratifiedReservoir.restore(30, 3, a.offered, a.observations())
+    for i in range(200, 260):
+        a.add(obs(i, 50 + 37 * (i % 7), 10 + 97 * (i % 5)))
+        restored.add(obs(i, 50 + 37 * (i % 7), 10 + 97 * (i % 5)))
+    assert [o.key for o in a.observations()] == [o.key for o in restored.observations()]
+
+
+# --- the learner ----------------------------------------------------------------------------------
+
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from predictor.checkpoint import CheckpointMeta  # noqa: E402
+from predictor.head import LengthHead  # noqa: E402
+from predictor.online import OnlineLearner, RefitPolicy, online_bins, read_published  # noqa: E402
+from predictor.online.publish import POINTER, publish_head  # noqa: E402
+from predictor.online.quality import concordance  # noqa: E402
+from predictor.online.refit import Candidate, HeldOut  # noqa: E402
+from predictor.pooling import PoolingConfig  # noqa: E402
+
+D = 8
+QUICK_FIT = FitConfig(members=1, epochs=30, patience=8, hidden=16)
+
+
+def traffic(n: int, seed: int = 0, start: int = 0):
+    """Requests whose length grows with the first feature; the longest are cut at the cap."""
+    g = torch.Generator().manual_seed(seed)
+    for i in range(start, start + n):
+        x = torch.randn(D, generator=g)
+        natural = int((350 + 250 * x[0] + 40 * torch.randn(1, generator=g)).clamp(5, 1500))
+        yield f"req{i}", x, 50 + 13 * (i % 40), min(natural, 1024), natural >= 1024
+
+
+def learner(path, **kw) -> OnlineLearner:
+    return OnlineLearner(path, D, **{"model_id": "toy", "model_hash": "toyhash", "fit": QUICK_FIT, **kw})
+
+
+def feed(lr: OnlineLearner, requests) -> None:
+    for rid, x, p, tokens, cut in requests:
+        lr.add_features(rid, x, p)
+        lr.add_label(rid, tokens, cut)
+
+
+def test_features_and_labels_join_in_any_order_and_unmatched_ones_expire_by_count(tmp_path):
+    lr = learner(tmp_path, max_pending=3)
+    lr.add_label("a", 100, False)
+    lr.add_features("a", torch.ones(D), 20)
+    lr.add_features("b", torch.ones(D), 20)
+    lr.add_label("b", 1024, True)
+    for i in range(5):
+        lr.add_features(f"lost{i}", torch.ones(D), 20)
+        lr.add_label(f"gone{i}", 10, False)
+    s = lr.status()
+    assert s["samples"] == 2 and s["censored_samples"] == 1 and s["pending_features"] == 3 and s["pending_labels"] == 3
+    assert s["expired_features"] == 2 and s["expired_labels"] == 2
+    lr.add_label("lost0", 5, False)  # expired: its features are gone
+    lr.add_label("lost4", 5, False)
+    assert lr.status()["samples"] == 3
+    with pytest.raises(ValueError):
+        lr.add_features("c", torch.ones(D + 1), 20)
+
+
+def test_concordance_counts_a_censored_request_only_where_the_order_is_certain():
+    tokens = torch.tensor([100.0, 200.0, 150.0, 150.0])
+    censored = torch.tensor([False, False, True, True])
+    # Pairs of known order: 100 < 200, 100 < cut at 150 (twice); 200 vs a cut at 150 is unknown.
+    assert concordance(torch.tensor([1.0, 2.0, 3.0, 0.0]), tokens, censored) == pytest.approx(2 / 3)
+    assert concordance(torch.tensor([1.0, 1.0, 3.0, 3.0]), tokens, censored) == pytest.approx(2.5 / 3)
+    assert concordance(torch.zeros(2), torch.tensor([5.0, 9.0]), torch.tensor([True, True])) is None
+
+
+def test_first_install_needs_the_concordance_floor_and_versions_count_up(tmp_path):
+    lr = learner(tmp_path / "strict", floor=0.999)
+    feed(lr, traffic(300))
+    assert not lr.consider(lr.refit()) and lr.current() is None and read_published(tmp_path / "strict") is None
+    lr = learner(tmp_path / "live")
+    feed(lr, traffic(300))
+    candidate = lr.refit()
+    assert candidate.quality["concordance"] > 0.8 and candidate.quality["mae"] < 120
+    assert lr.consider(candidate) and lr.current()[0] == 1
+    version, head, meta = read_published(tmp_path / "live")
+    assert version == 1 and meta.metrics["version"] == 1 and meta.bins == online_bins()
+    assert not lr.consider(candidate)  # a draw keeps the current head
+    assert lr.current()[0] == 1 and lr.status()["rejections"] == 1
+
+
+def test_a_refit_worse_on_the_heldout_rows_is_not_installed(tmp_path):
+    good = learner(tmp_path / "offline")
+    feed(good, traffic(1500, seed=1))
+    offline = good.refit()
+    lr = learner(tmp_path / "online", base_head=(offline.head, offline.meta), fit=FitConfig(members=1, epochs=1, hidden=16))
+    assert lr.current()[0] == 0 and lr.bins == offline.meta.bins
+    feed(lr, traffic(150, seed=2))
+    weak = lr.refit()  # one epoch on 120 rows
+    assert not lr.consider(weak)
+    decision = lr.last_decision
+    assert decision["candidate"]["mae"] > decision["current"]["mae"] and lr.current()[0] == 0
+    assert not (tmp_path / "online" / POINTER).exists()
+
+
+def test_a_new_learner_over_the_same_directory_resumes_reservoir_version_and_head(tmp_path):
+    lr = learner(tmp_path, capacity=200)
+    feed(lr, traffic(260))
+    assert lr.consider(lr.refit())
+    feed(lr, traffic(40, start=260))
+    lr.add_features("in-flight", torch.ones(D), 10)
+    lr.save()
+    again = learner(tmp_path, capacity=200)
+    assert [(o.key, o.tokens, o.censored, o.prompt_tokens) for o in again.reservoir.observations()] == \
+        [(o.key, o.tokens, o.censored, o.prompt_tokens) for o in lr.reservoir.observations()]
+    assert all(torch.equal(a.vector, b.vector) for a, b in zip(again.reservoir.observations(), lr.reservoir.observations()))
+    assert again.reservoir.offered == 300 and again.counters == lr.counters and again.quality == lr.quality
+    assert again.current()[0] == lr.current()[0] == 1 and again.bins == lr.bins
+    x = torch.randn(5, D)
+    with torch.no_grad():
+        assert torch.equal(again.current()[1](x), lr.current()[1](x))
+    for learner_ in (lr, again):  # both continue the same way
+        feed(learner_, traffic(30, start=300))
+    assert [o.key for o in again.reservoir.observations()] == [o.key for o in lr.reservoir.observations()]
+    with pytest.raises(ValueError):
+        learner(tmp_path, bins=LengthBins.log_spaced(10))  # bins are fixed for the learner's life
+
+
+def test_ready_to_refit_waits_for_samples_new_labels_and_time(tmp_path):
+    lr = learner(tmp_path, policy=RefitPolicy(min_new_labels=50, min_interval_s=60, min_samples=100))
+    feed(lr, traffic(99))
+    assert not lr.ready_to_refit()
+    feed(lr, traffic(1, start=99))
+    assert lr.ready_to_refit()
+    lr.snapshot()
+    feed(lr, traffic(60, start=100))
+    assert not lr.ready_to_refit() and lr.ready_to_refit(now=time.time() + 61)
+    assert not RefitPolicy().due(samples=5000, new_labels=199, seconds_since_last=1e9)
+
+
+def _constant_head(version: int) -> tuple[LengthHead, CheckpointMeta]:
+    """A head whose every parameter is its version: a mix of two versions shows at once."""
+    bins = online_bins()
+    head = LengthHead(D, bins.k, hidden=4).eval()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.fill_(version / 100)
+    meta = CheckpointMeta(base_model_id="toy", base_model_hash="toyhash", feature_layer=-1, feature_dim=D,
+                          pooling=PoolingConfig(method="last"), bins=bins, loss=LossConfig(), fit=FitConfig(hidden=4),
+                          training_data_version="test", metrics={"version": float(version)})
+    return head, meta
+
+
+def _whole(version: int, head: LengthHead, meta: CheckpointMeta) -> bool:
+    return meta.metrics["version"] == version and all(
+        torch.all(p == version / 100) for p in head.parameters())
+
+
+def test_readers_never_see_a_mixed_or_partial_head_while_versions_are_swapped(tmp_path):
+    lr = learner(tmp_path, floor=0.0)
+    rows = HeldOut(torch.randn(20, D), torch.arange(20.0) * 10 + 5, torch.zeros(20, dtype=torch.bool))
+    seen, bad, stop = [], [], threading.Event()
+
+    def in_process():
+        while not stop.is_set():
+            current = lr.current()
+            if current:
+                version, head, meta = current
+                with torch.no_grad():
+                    head(torch.randn(2, D))
+                if not _whole(version, head, meta):
+                    bad.append(("memory", version))
+                seen.append(version)
+
+    def from_files():
+        while not stop.is_set():
+            published = read_published(tmp_path)
+            if published:
+                if not _whole(*published):
+                    bad.append(("file", published[0]))
+                seen.append(published[0])
+
+    readers = [threading.Thread(target=f) for f in (in_process, in_process, from_files, from_files)]
+    for t in readers:
+        t.start()
+    for v in range(1, 16):
+        head, meta = _constant_head(v)
+        # A candidate that claims to beat anything, so that every one is installed.
+        assert lr.consider(Candidate(head, meta, rows, {"mae": -float(v), "concordance": 1.0, "scored": 20}, 0.0))
+        time.sleep(0.02)
+    time.sleep(0.1)
+    stop.set()
+    for t in readers:
+        t.join()
+    assert not bad and len(set(seen)) > 3 and max(seen) == 15
+    assert sorted(p.name for p in (tmp_path / "heads").iterdir()) == ["v000013", "v000014", "v000015"]
+    publish_head(tmp_path, 16, *_constant_head(16))  # a version directory left by a crash is rewritten whole
+    publish_head(tmp_path, 16, *_constant_head(16))
+    assert _whole(*read_published(tmp_path))
+
+
+def test_a_background_refit_runs_in_a_low_priority_child_with_one_torch_thread(tmp_path):
+    import os
+
+    from predictor.online import BackgroundRefit
+
+    lr = learner(tmp_path)
+    feed(lr, traffic(200))
+    with BackgroundRefit() as background:
+        child = background._pool  # the worker the refits run in
+        assert child.submit(os.getpid).result() != os.getpid()
+        assert child.submit(os.nice, 0).result() == 19 and child.submit(torch.get_num_threads).result() == 1
+        future = background.submit(lr.snapshot())
+        with pytest.raises(RuntimeError):
+            background.submit(lr.snapshot())
+        candidate = future.result(timeout=300)
+    assert candidate.quality["concordance"] > 0.8 and lr.consider(candidate) and lr.current()[0] == 1
