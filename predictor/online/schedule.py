@@ -65,5 +65,3 @@ class BackgroundRefit:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
