@@ -97,7 +97,9 @@ class OnlineLearner:
         if not (self.model_id and self.model_hash):
             raise ValueError("without a base head, give model_id and model_hash of the serving model")
         self.pooling = base_meta.pooling if base_meta else RECIPE.pooling
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # traffic: pending maps, reservoir, counters
+        self._install_lock = threading.Lock()  # one install decision at a time
+        self._save_lock = threading.Lock()
         self._pending_features: OrderedDict[str, tuple[torch.Tensor, int, str]] = OrderedDict()
         self._pending_labels: OrderedDict[str, tuple[int, bool]] = OrderedDict()
         self._current = (0, *base_head) if base_head else None
@@ -170,8 +172,8 @@ class OnlineLearner:
             self.counters["new_labels"] = 0
             self.counters["refits"] += 1
             self.last_refit_at = data.taken_at
-            self.save()
-            return data
+        self.save()
+        return data
 
     def refit(self) -> Candidate:
         """A candidate trained here, on the calling thread (see schedule.BackgroundRefit for a child
@@ -179,33 +181,31 @@ class OnlineLearner:
         return fit_candidate(self.snapshot())
 
     def consider(self, candidate: Candidate) -> bool:
-        """Install the candidate if it wins (module docstring); True if it was installed."""
+        """Install the candidate if it wins (module docstring); True if it was installed. Holds only
+        the install lock while it evaluates and publishes, so traffic keeps flowing in."""
         if candidate.meta.bins != self.bins:
             raise ValueError("the candidate was trained on other bins than this learner's")
-        with self._lock:
-            mine = candidate.quality
-            current = self._current
-            held = candidate.heldout
+        with self._install_lock:
+            mine, current, held = candidate.quality, self._current, candidate.heldout
             theirs = evaluate(current[1], self.bins, held.x, held.tokens, held.censored) if current else None
             if theirs is None:
                 install = mine["concordance"] is not None and mine["concordance"] >= self.floor
             else:
                 install = mine["mae"] < theirs["mae"] or (
                     mine["mae"] == theirs["mae"] and (mine["concordance"] or 0) > (theirs["concordance"] or 0))
-            self.last_decision = {"at": time.time(), "installed": install, "candidate": mine, "current": theirs,
-                                  "current_version": current[0] if current else None, "fit_seconds": candidate.seconds}
             if install:
                 version = (current[0] if current else 0) + 1
                 meta = candidate.meta.model_copy(update={"metrics": {**candidate.meta.metrics, "version": float(version)}})
                 publish_head(self.state_dir, version, candidate.head, meta)
                 self._current = (version, candidate.head, meta)
-                self.quality = mine
-                self.counters["installs"] += 1
-            else:
-                self.quality = theirs or self.quality
-                self.counters["rejections"] += 1
-            self.save()
-            return install
+            with self._lock:
+                self.last_decision = {"at": time.time(), "installed": install, "candidate": mine, "current": theirs,
+                                      "current_version": current[0] if current else None,
+                                      "fit_seconds": candidate.seconds}
+                self.quality = mine if install else theirs or self.quality
+                self.counters["installs" if install else "rejections"] += 1
+        self.save()
+        return install
 
     def current(self) -> tuple[int, LengthHead, CheckpointMeta] | None:
         """(version, head, meta) serving now; version 0 is the offline base head. An installed head is
@@ -227,20 +227,24 @@ class OnlineLearner:
     # --- persistence --------------------------------------------------------------------------
 
     def save(self) -> None:
-        """Write the learner's state (one file, replaced atomically)."""
-        with self._lock:
-            rows = self.reservoir.observations()
-            d = self.feature_dim
-            tensors = {
-                "x": torch.stack([o.vector for o in rows]) if rows else torch.zeros(0, d),
-                "tokens": torch.tensor([o.tokens for o in rows], dtype=torch.int64),
-                "censored": torch.tensor([o.censored for o in rows], dtype=torch.bool),
-                "prompt_tokens": torch.tensor([o.prompt_tokens for o in rows], dtype=torch.int64),
-            }
-            state = {"keys": [o.key for o in rows], "offered": self.reservoir.offered, "seed": self.reservoir.seed,
-                     "bins": self.bins.model_dump(), "feature_dim": d, "counters": self.counters,
-                     "last_refit_at": self.last_refit_at, "quality": self.quality, "last_decision": self.last_decision}
-            atomic_write(self.state_dir / STATE_FILE, save(tensors, metadata={"state": json.dumps(state)}))
+        """Write the learner's state (one file, replaced atomically). The state is copied under the
+        traffic lock and written outside it; saves are serialised so that a later state is never
+        overwritten by an earlier one."""
+        with self._save_lock:
+            with self._lock:
+                rows = self.reservoir.observations()
+                tensors = {
+                    "x": torch.stack([o.vector for o in rows]) if rows else torch.zeros(0, self.feature_dim),
+                    "tokens": torch.tensor([o.tokens for o in rows], dtype=torch.int64),
+                    "censored": torch.tensor([o.censored for o in rows], dtype=torch.bool),
+                    "prompt_tokens": torch.tensor([o.prompt_tokens for o in rows], dtype=torch.int64),
+                }
+                state = {"keys": [o.key for o in rows], "offered": self.reservoir.offered, "seed": self.reservoir.seed,
+                         "bins": self.bins.model_dump(), "feature_dim": self.feature_dim, "counters": self.counters,
+                         "last_refit_at": self.last_refit_at, "quality": self.quality,
+                         "last_decision": self.last_decision}
+                state_json = json.dumps(state)
+            atomic_write(self.state_dir / STATE_FILE, save(tensors, metadata={"state": state_json}))
 
     def _resume(self, bins: LengthBins | None) -> None:
         published = read_published(self.state_dir)
