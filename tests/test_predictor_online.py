@@ -151,7 +151,7 @@ import time  # noqa: E402
 
 from predictor.checkpoint import CheckpointMeta  # noqa: E402
 from predictor.head import LengthHead  # noqa: E402
-from predictor.online import OnlineLearner, RefitPolicy, online_bins, read_published  # noqa: E402
+from predictor.online import OnlineLearner, RefitPolicy, online_bins, published_version, read_published  # noqa: E402
 from predictor.online.publish import POINTER, publish_head  # noqa: E402
 from predictor.online.quality import concordance  # noqa: E402
 from predictor.online.refit import Candidate, HeldOut  # noqa: E402
@@ -308,7 +308,10 @@ def test_readers_never_see_a_mixed_or_partial_head_while_versions_are_swapped(tm
 
     def from_files():
         while not stop.is_set():
+            polled = published_version(tmp_path)
             published = read_published(tmp_path)
+            if polled is not None and published[0] < polled:
+                bad.append(("went back", polled, published[0]))
             if published:
                 if not _whole(*published):
                     bad.append(("file", published[0]))
@@ -326,7 +329,7 @@ def test_readers_never_see_a_mixed_or_partial_head_while_versions_are_swapped(tm
     stop.set()
     for t in readers:
         t.join()
-    assert not bad and len(set(seen)) > 3 and max(seen) == 15
+    assert not bad and len(set(seen)) > 3 and max(seen) == 15 and published_version(tmp_path) == 15
     assert sorted(p.name for p in (tmp_path / "heads").iterdir()) == ["v000013", "v000014", "v000015"]
     publish_head(tmp_path, 16, *_constant_head(16))  # a version directory left by a crash is rewritten whole
     publish_head(tmp_path, 16, *_constant_head(16))

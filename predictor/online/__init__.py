@@ -9,9 +9,9 @@
 """
 
 from predictor.online.learner import OnlineLearner, online_bins
-from predictor.online.publish import read_published
+from predictor.online.publish import published_version, read_published
 from predictor.online.refit import Candidate, RefitData, fit_candidate
 from predictor.online.schedule import BackgroundRefit, RefitPolicy
 
 __all__ = ["BackgroundRefit", "Candidate", "OnlineLearner", "RefitData", "RefitPolicy", "fit_candidate",
-           "online_bins", "read_published"]
+           "online_bins", "published_version", "read_published"]

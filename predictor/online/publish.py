@@ -81,6 +81,12 @@ def _prune(root: Path, current: int) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def published_version(root: Path) -> int | None:
+    """The installed version alone: what a replica polls, loading the head only when it changed."""
+    pointer = Path(root) / POINTER
+    return json.loads(pointer.read_text())["version"] if pointer.exists() else None
+
+
 def read_published(root: Path, expected_base_model_hash: str | None = None,
                    attempts: int = 3) -> tuple[int, LengthHead, CheckpointMeta] | None:
     """(version, head, meta) of the installed head, or None before the first install. Retries when
