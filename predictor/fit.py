@@ -10,6 +10,16 @@ the training targets. After training, a calibration fitted on the same validatio
 The options that suit 2-3k samples (weight decay, dropout, a smaller hidden layer, input
 standardisation, an ensemble over seeds) are fields here so that the accuracy benchmark can
 measure each, and a checkpoint records the ones its head was trained with.
+
+Censored samples (stopped by their max_tokens; predictor.losses) train through their survival
+likelihood. Early stopping and calibration read only the validation samples whose length the
+head can score: the exact ones, and those censored at or beyond max_tokens, which in the head's
+world are exact (their bin is the last one, their length clamped to max_tokens is how offline
+training counts a truncated sample). A sample censored below the cap has no error to measure
+(its length is anywhere above c, so an error against c would reward predicting short), and its
+probability-integral transform is only known to lie in [F(c - 1), 1], so as a point it would
+bend the CDF map. Dropping the ones at the cap as well would bias both toward short answers,
+since truncation removes exactly the longest.
 """
 
 from __future__ import annotations
@@ -72,7 +82,9 @@ def _train_member(head: LengthHead, x, targets, x_val, y_val, bins: LengthBins, 
         for batch in torch.randperm(len(targets.rows)).split(config.batch_size):
             opt.zero_grad()
             histogram = None if targets.histogram is None else targets.histogram[batch]
-            length_loss(head(x[targets.rows[batch]]), targets.lengths[batch], bins, loss, histogram).backward()
+            censored = None if targets.censored is None else targets.censored[batch]
+            length_loss(head(x[targets.rows[batch]]), targets.lengths[batch], bins, loss, histogram,
+                        censored).backward()
             opt.step()
         head.eval()
         with torch.no_grad():
@@ -85,18 +97,32 @@ def _train_member(head: LengthHead, x, targets, x_val, y_val, bins: LengthBins, 
     return best[0], best[1], epoch + 1
 
 
+def scorable(lengths: torch.Tensor, censored: torch.Tensor, bins: LengthBins) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask, lengths) of the samples an error can be measured on: exact ones, and censored ones at
+    or beyond the cap with their length clamped to max_tokens (see the module docstring)."""
+    at_cap = censored & (lengths >= bins.max_tokens)
+    return ~censored | at_cap, torch.where(at_cap, lengths.clamp(max=bins.max_tokens), lengths)
+
+
 def fit_head(x_train: torch.Tensor, train_lengths: list[list[int]], x_val: torch.Tensor,
              val_lengths: list[list[int]], bins: LengthBins, loss: LossConfig,
-             config: FitConfig = FitConfig()) -> tuple[LengthHead, dict[str, float]]:
+             config: FitConfig = FitConfig(), train_censored: list[list[bool]] | None = None,
+             val_censored: list[list[bool]] | None = None) -> tuple[LengthHead, dict[str, float]]:
     """A head (in eval mode, calibrated unless told not to) and its validation metrics.
 
-    `x_*` hold one row per prompt, `*_lengths` every sampled length of each prompt.
+    `x_*` hold one row per prompt, `*_lengths` every sampled length of each prompt and `*_censored`,
+    if given, which of them were stopped by max_tokens (lower bounds).
     """
     head = LengthHead(x_train.shape[1], bins.k, **config.architecture())
     if config.standardise:
         head.fit_standardisation(x_train)
-    targets = build_targets(train_lengths, config.targets, bins)
+    targets = build_targets(train_lengths, config.targets, bins, train_censored)
     val_rows, y_val = sample_rows(val_lengths)
+    if val_censored is not None:
+        keep, y_val = scorable(y_val, torch.tensor([c for s in val_censored for c in s], dtype=torch.bool), bins)
+        if not keep.any():
+            raise ValueError("no validation sample with a known length to early-stop and calibrate on")
+        val_rows, y_val = val_rows[keep], y_val[keep]
     x_val = x_val[val_rows]
     runs = []
     for m, member in enumerate(head.members):

@@ -123,6 +123,27 @@ class LengthBins(BaseModel):
         k = min(int(position), self.k - 1)
         return self.edges[k] + (position - k) * (self.edges[k + 1] - self.edges[k])
 
+    def survival(self, probs: Tensor, lengths: Tensor) -> Tensor:
+        """P(length >= c) for each row's c: all that a request stopped by its max_tokens = c tells.
+
+        Lengths are integers, l standing for (l - 1, l] as in predictor.calibration, so this is the
+        mass above c - 1, the bin that c - 1 cuts counted by its uniform share. At or beyond
+        max_tokens the bins end: such lengths all fall in the last bin (`index` puts them there and
+        training counts a truncated sample there), so a request censored at the cap is in the last
+        bin and its survival is that bin's mass. With a spike bin (max_tokens - 1, max_tokens] the two
+        rules agree at c = max_tokens; with a wider last bin only the cap's rule keeps a truncated
+        sample where an exact label of max_tokens would put it.
+        """
+        edges = self.edges_t().to(probs.device)
+        c = lengths.float().to(probs.device)
+        k = self.index(c - 1).clamp(max=self.k - 1)
+        above = probs.flip(-1).cumsum(-1).flip(-1)  # above[:, j] = mass of bins j..K-1
+        above = torch.cat([above, torch.zeros_like(probs[:, :1])], dim=-1)
+        frac_below = ((c - 1 - edges[k]) / (edges[k + 1] - edges[k])).clamp(0, 1)
+        inside = (1 - frac_below) * probs.gather(-1, k[:, None]).squeeze(-1)
+        below_cap = above.gather(-1, (k + 1)[:, None]).squeeze(-1) + inside
+        return torch.where(c >= self.max_tokens, probs[:, -1], below_cap)
+
     def quantile(self, probs: Tensor, q: float) -> Tensor:
         """Inverse CDF, assuming lengths spread uniformly inside each bin."""
         edges = self.edges_t().to(probs.device)

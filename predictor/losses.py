@@ -17,6 +17,13 @@ Scale: lengths enter as length / max_tokens. That keeps the regression terms in 
 the generation limit, and linear (not log) because the target metric, MAE in tokens, and the
 padding a scheduler wastes are both linear in tokens. CRPS is divided by max_tokens too, so it
 is on the same scale (for a one-hot prediction CRPS equals the absolute error).
+
+Censored rows: a request stopped by its max_tokens = c did not reveal its length, only that it is
+at least c. Treating c as the length would teach the head that such prompts stop at c; dropping
+the row would teach it that long answers are rarer than they are (exactly the longest are the
+ones cut). So a censored row contributes the likelihood of what was seen, -log P(L >= c) under the
+head's bins (`LengthBins.survival`), and exact rows the configured loss; each row weighs 1/N of
+the batch either way. Without censored rows the loss is computed exactly as before.
 """
 
 from __future__ import annotations
@@ -109,14 +116,32 @@ LOSSES: dict[str, dict[str, float]] = {
 }
 
 
+def censored_nll(log_probs: Tensor, lengths: Tensor, bins: LengthBins) -> Tensor:
+    """-log P(L >= c) per row, for rows whose generation was stopped at c tokens."""
+    return -bins.survival(log_probs.exp(), lengths).clamp(min=1e-12).log()
+
+
 def length_loss(logits: Tensor, lengths: Tensor, bins: LengthBins, config: LossConfig = LossConfig(),
-                histogram: Tensor | None = None) -> Tensor:
+                histogram: Tensor | None = None, censored: Tensor | None = None) -> Tensor:
     """Scalar loss for head logits [N, K] against target lengths [N] (tokens) and, for the
-    distribution terms, target histograms [N, K] (default: one-hot of each length's bin)."""
+    distribution terms, target histograms [N, K] (default: one-hot of each length's bin).
+    `censored` [N] bool marks rows whose length is only known to be at least `lengths`."""
     if config.name not in LOSSES:
         raise KeyError(f"unknown loss {config.name!r}; choose from {sorted(LOSSES)}")
     log_probs = torch.log_softmax(logits.float(), dim=-1)
     lengths = lengths.float()
+    if censored is None or not censored.any():
+        return _configured_loss(log_probs, lengths, bins, config, histogram)
+    exact = ~censored
+    total = censored_nll(log_probs[censored], lengths[censored], bins).sum()
+    if exact.any():
+        part = None if histogram is None else histogram[exact]
+        total = total + exact.sum() * _configured_loss(log_probs[exact], lengths[exact], bins, config, part)
+    return total / len(lengths)
+
+
+def _configured_loss(log_probs: Tensor, lengths: Tensor, bins: LengthBins, config: LossConfig,
+                     histogram: Tensor | None) -> Tensor:
     batch = _Batch(
         log_probs=log_probs,
         expected=bins.expected(log_probs.exp()) / bins.max_tokens,

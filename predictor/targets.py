@@ -10,6 +10,10 @@ be used three ways:
   empirical histogram of its samples over the bins (ProD, arXiv 2604.07931), so CRPS and CE fit
   the spread rather than one draw of it.
 For a single-sample prompt all three give the same row.
+
+A sample stopped by its max_tokens is censored: its length is a lower bound (predictor.losses).
+Only "samples" takes censored samples, as rows of their own; a median or histogram of a prompt
+with a lower bound among its samples is not known.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class Targets:
     rows: Tensor  # [N] long: the prompt (index into the examples) each row reads
     lengths: Tensor  # [N] point target in tokens
     histogram: Tensor | None  # [N, K] distribution target; None: one-hot of `lengths`
+    censored: Tensor | None = None  # [N] bool: `lengths` is a lower bound; None: every row exact
 
 
 def sample_rows(lengths: list[list[int]]) -> tuple[Tensor, Tensor]:
@@ -39,10 +44,17 @@ def sample_rows(lengths: list[list[int]]) -> tuple[Tensor, Tensor]:
     return rows, torch.tensor([x for sample in lengths for x in sample], dtype=torch.float32)
 
 
-def build_targets(lengths: list[list[int]], mode: TargetMode, bins: LengthBins) -> Targets:
-    """Training rows for prompts with the given sampled lengths (one list per prompt)."""
+def build_targets(lengths: list[list[int]], mode: TargetMode, bins: LengthBins,
+                  censored: list[list[bool]] | None = None) -> Targets:
+    """Training rows for prompts with the given sampled lengths (one list per prompt) and, if given,
+    which of those samples are censored (same shape)."""
+    flags = None if censored is None else torch.tensor([c for sample in censored for c in sample], dtype=torch.bool)
+    if flags is not None and [len(x) for x in censored] != [len(x) for x in lengths]:
+        raise ValueError("censored flags must match the sampled lengths one for one")
     if mode == "samples":
-        return Targets(*sample_rows(lengths), None)
+        return Targets(*sample_rows(lengths), None, flags)
+    if flags is not None and flags.any():
+        raise ValueError(f"target mode {mode!r} needs exact lengths; censored samples need 'samples'")
     # quantile(0.5) averages the middle two of an even count, as np.median does.
     medians = torch.stack([torch.tensor(x, dtype=torch.float32).quantile(0.5) for x in lengths])
     rows = torch.arange(len(lengths))

@@ -1,0 +1,107 @@
+"""`python -m benchmarks.online <command>`: how well a head learned from served traffic predicts.
+
+  offline  replay the dataset through predictor.online's learner: learning curve and drift
+           (features from the shared cache, extracted once on one thread if missing)
+  report   rebuild online.{md,png} from online.json
+
+Each command replaces its own part of benchmarks/results/online.json (the live-stack part,
+"real", is another command's) and rewrites the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks import parts as parts_file
+from benchmarks.online import report
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+CHECKPOINTS = [50, 100, 200, 300, 500, 1000, 1500, 2000, 2500, 3000, 3500]
+DRIFT_CHECKPOINTS = [0, 25, 50, 100, 150, 200, 300, 400, 500, 600, 800, 1000, 1200, 1400]
+DRIFTS = {"chat_to_rl": ("chat", "rl"), "rl_to_chat": ("rl", "chat")}
+
+
+def references(results: Path, requests) -> dict:
+    """The offline head's cross-validated MAE and the noise floors, averaged over scenarios as the
+    accuracy benchmark reports them and weighted by this dataset's traffic mix as the replay sees it."""
+    accuracy = json.loads((results / "predictor_accuracy.json").read_text())
+    forelen = json.loads((results / "forelen_dataset.json").read_text())
+    mix = {s: sum(r.scenario == s for r in requests) / len(requests) for s in {r.scenario for r in requests}}
+    weighted = lambda per: sum(mix[s] * per[s] for s in mix)  # noqa: E731
+    best = accuracy["toward_ceiling"]["last_ens5"]
+    return {"offline_cv_mae": best["avg"]["mae"],
+            "offline_cv_mae_traffic_weighted": weighted({s: best[s]["mae"] for s in mix}),
+            "noise_floor_traffic_weighted": {
+                "in_sample": weighted(forelen["noise_floor_mae"]),
+                "leave_one_out": weighted(accuracy["noise_floor_mae_leave_one_out"])},
+            "noise_floor_mae": forelen["noise_floor_mae"], "traffic_mix": mix}
+
+
+def _offline(args) -> dict:
+    from benchmarks.online.features import load_requests
+    from benchmarks.online.stream import drift, learning_curve
+    from predictor.fit import FitConfig
+    from predictor.online import OnlineLearner, online_bins
+    from predictor.online.learner import RECIPE
+
+    torch.set_num_threads(1)
+    requests, dataset = load_requests()
+    max_tokens, extraction = dataset["max_tokens"], dataset["extraction"]
+    fit = RECIPE.fit if args.members is None else FitConfig.model_validate({**RECIPE.fit.model_dump(),
+                                                                          "members": args.members})
+
+    def make_learner(state_dir: Path) -> OnlineLearner:
+        return OnlineLearner(state_dir, requests[0].vector.numel(), capacity=args.capacity, floor=args.floor,
+                             model_id=dataset["model_id"], model_hash=dataset["model_hash"], max_tokens=max_tokens,
+                             heldout_share=args.heldout_share, fit=fit)
+
+    start = time.perf_counter()
+    curve = learning_curve(requests, make_learner, args.seeds, args.checkpoints, args.window, max_tokens)
+    curve = {**references(args.out, requests), **curve}
+    drifts = {name: drift(requests, before, after, make_learner, args.seeds, args.warmup_every, args.drift_checkpoints,
+                          args.window, max_tokens) for name, (before, after) in DRIFTS.items()}
+    by_size = {str(round(p["samples"])): p["refit_seconds"] for p in curve["points"]}
+    settings = {"seeds": args.seeds, "window": args.window, "capacity": args.capacity, "floor": args.floor,
+                "recipe": f"last_ens5 (members {fit.members})", "bins": "log-spaced with a spike bin at the cap",
+                "bin_edges": online_bins(max_tokens).edges, "heldout_share": args.heldout_share,
+                "drift_warmup_every": args.warmup_every, "max_tokens": max_tokens,
+                "minutes": (time.perf_counter() - start) / 60}
+    parts = {"learning_curve": curve, "drift": drifts, "settings": settings, "refit_seconds": by_size}
+    if extraction["extracted"]:
+        parts["feature_extraction"] = extraction
+    return parts_file.update(args.out, "online", report.markdown, report.plot, **parts)
+
+
+def main(argv=None) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.online", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    o = sub.add_parser("offline")
+    o.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    o.add_argument("--checkpoints", type=int, nargs="+", default=CHECKPOINTS)
+    o.add_argument("--drift-checkpoints", type=int, nargs="+", default=DRIFT_CHECKPOINTS)
+    o.add_argument("--warmup-every", type=int, default=200, help="refits while learning the traffic before a switch")
+    o.add_argument("--window", type=int, default=200, help="requests each refit is scored on")
+    o.add_argument("--capacity", type=int, default=4096)
+    o.add_argument("--floor", type=float, default=0.55)
+    o.add_argument("--heldout-share", type=float, default=0.2)
+    o.add_argument("--members", type=int, help="ensemble size (default: last_ens5's)")
+    r = sub.add_parser("report")
+    for sp in (o, r):
+        sp.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    if args.command == "report":
+        parts_file.write(args.out, "online", parts_file.load(args.out, "online"), report.markdown, report.plot)
+    else:
+        _offline(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""online.md and its plots from online.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TARGETS = ((300, 0.20), (1000, 0.10))  # (observed requests, allowed excess over the offline CV MAE)
+DRIFT_TARGET = 300  # requests after a switch
+
+
+def _f(x, digits: int = 1) -> str:
+    return "n/a" if x is None else f"{x:,.{digits}f}"
+
+
+def _point(points: list[dict], observed: int) -> dict | None:
+    return next((p for p in points if p["observed"] == observed), None)
+
+
+def target_lines(curve: dict) -> list[str]:
+    lines = []
+    refs = (("traffic-weighted", "mae", curve["offline_cv_mae_traffic_weighted"]),
+            ("scenario-averaged", "scenario_avg_mae", curve["offline_cv_mae"]))
+    for observed, slack in TARGETS:
+        p = _point(curve["points"], observed)
+        for name, key, ref in refs:
+            value = p.get(key) if p else None
+            if value is None:
+                lines.append(f"- After {observed:,} requests, {name} MAE within {slack:.0%} of the offline "
+                             f"{_f(ref)}: missed (no head served)")
+                continue
+            excess = value / ref - 1
+            verdict = "met" if excess <= slack else f"missed by {(excess - slack) * 100:.1f} points"
+            lines.append(f"- After {observed:,} requests, {name} MAE within {slack:.0%} of the offline {_f(ref)}: "
+                         f"{verdict} ({_f(value)}, {excess:+.1%}; seeds {_f(p.get('mae_range', [None])[0])}"
+                         f"-{_f(p.get('mae_range', [None, None])[1])} on the traffic-weighted MAE)")
+    return lines
+
+
+def drift_lines(drift: dict) -> list[str]:
+    lines = []
+    for name, d in drift.items():
+        after = d.get("recovered_after")
+        verdict = ("missed (never stayed within 10%)" if after is None else
+                   "met" if after <= DRIFT_TARGET else f"missed by {after - DRIFT_TARGET} requests")
+        lines.append(f"- {name.replace('_', ' ')}: back within 10% of the steady {_f(d.get('steady_mae'))} for good "
+                     f"after {after if after is not None else 'n/a'} requests (first within after "
+                     f"{d.get('first_within')}): {verdict} (target {DRIFT_TARGET})")
+    return lines
+
+
+def _curve_table(points: list[dict]) -> list[str]:
+    rows = ["| observed | MAE (sd) | scenario-avg MAE | concordance (sd) | candidate MAE | seeds serving | "
+            "samples | refit s |", "|---|---|---|---|---|---|---|---|"]
+    for p in points:
+        rows.append(f"| {p['observed']:,} | {_f(p['mae'])} ({_f(p.get('mae_sd'))}) | {_f(p.get('scenario_avg_mae'))} | "
+                    f"{_f(p['concordance'], 3)} ({_f(p.get('concordance_sd'), 3)}) | {_f(p['candidate_mae'])} | "
+                    f"{p['seeds_serving']}/{p['seeds']} | {_f(p['samples'], 0)} | {_f(p['refit_seconds'])} |")
+    return rows
+
+
+def markdown(result: dict) -> str:
+    curve, drift = result.get("learning_curve"), result.get("drift")
+    settings = result.get("settings", {})
+    lines = ["# Online learning: a length head learned from the traffic it serves", "",
+             "Regenerate with `python -m benchmarks.online offline` (the offline replay below); "
+             "`python -m benchmarks.online report` rebuilds this file from online.json.", ""]
+    if curve:
+        lines += ["## Targets", "", *target_lines(curve), *(drift_lines(drift) if drift else []), ""]
+        lines += ["## Learning curve", "",
+                  f"The whole dataset replayed in {len(curve['seeds'])} seeded arrival orders (prompts shuffled, a "
+                  "prompt's samples together), samples that hit max_tokens given to the learner as censored labels. "
+                  f"After each checkpoint the learner refits (recipe {settings.get('recipe')}, bins "
+                  f"{settings.get('bins')}) and applies its install rule; the head it then serves is scored on the "
+                  f"next {settings.get('window')} requests. MAE = mean over seeds of the traffic-weighted MAE of "
+                  "that window; scenario-avg = the mean over scenarios, as the offline figure is averaged. "
+                  "Concordance = Harrell's C on the same window.", "",
+                  f"Offline reference (`last_ens5`, 5-fold CV, benchmarks/results/predictor_accuracy.json): "
+                  f"{_f(curve['offline_cv_mae'])} averaged over scenarios, "
+                  f"{_f(curve['offline_cv_mae_traffic_weighted'])} weighted by the dataset's traffic mix. Noise floors "
+                  f"(forelen_dataset.json, same mix): in-sample {_f(curve['noise_floor_traffic_weighted']['in_sample'])}, "
+                  f"leave-one-out {_f(curve['noise_floor_traffic_weighted']['leave_one_out'])}.", "",
+                  *_curve_table(curve["points"]), "", "![learning curve](online_learning_curve.png)", ""]
+    if drift:
+        lines += ["## Drift", "",
+                  "All of one scenario's traffic first (refit every "
+                  f"{settings.get('drift_warmup_every')} requests), then only the other's; after each checkpoint "
+                  "the learner refits and the served head is scored on the next "
+                  f"{settings.get('window')} requests of the new traffic. Steady value: mean of the last "
+                  "checkpoints after the switch.", ""]
+        for name, d in drift.items():
+            lines += [f"### {name.replace('_', ' ')}", "",
+                      f"Steady MAE before the switch (old traffic) {_f(d.get('steady_before'))}, after it (new "
+                      f"traffic, from {d.get('steady_from')}) {_f(d.get('steady_mae'))}.", "",
+                      *_curve_table(d["points"]), ""]
+        lines += ["![drift](online_drift.png)", ""]
+    extraction = result.get("feature_extraction")
+    if extraction:
+        lines += ["## Cost", "",
+                  f"Features: {extraction['extracted']:,} of {extraction['prompts']:,} prompts were missing from the "
+                  f"shared cache and extracted on {extraction['threads']} thread in {_f(extraction['seconds'] / 60)} "
+                  f"min ({extraction.get('tokens', 0):,} prompt tokens, all prefill features as the cache stores them)."]
+    timing = result.get("refit_seconds")
+    if timing:
+        lines += ["", "Refit time on one thread (fit_candidate, the learner's recipe), by reservoir size: " +
+                  ", ".join(f"{int(n):,} samples {_f(s)} s" for n, s in timing.items()) + "."]
+    notes = result.get("notes")
+    if notes:
+        lines += ["", "## Notes", "", *[f"- {n}" for n in notes]]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curve, drift = result.get("learning_curve"), result.get("drift")
+    if curve:
+        fig, (ax_mae, ax_c) = plt.subplots(1, 2, figsize=(12, 4.5))
+        pts = [p for p in curve["points"] if p["mae"] is not None]
+        x = [p["observed"] for p in pts]
+        for key, label in (("mae", "traffic-weighted"), ("scenario_avg_mae", "scenario-averaged")):
+            ax_mae.plot(x, [p.get(key) for p in pts], marker="o", label=f"online, {label}")
+        ax_mae.fill_between(x, [p["mae_range"][0] for p in pts], [p["mae_range"][1] for p in pts], alpha=0.2,
+                            label="seed range")
+        ax_mae.axhline(curve["offline_cv_mae_traffic_weighted"], color="k", ls="--", label="offline CV, traffic-weighted")
+        ax_mae.axhline(curve["offline_cv_mae"], color="k", ls=":", label="offline CV, scenario-averaged")
+        floor = curve["noise_floor_traffic_weighted"]
+        ax_mae.axhspan(floor["in_sample"], floor["leave_one_out"], color="grey", alpha=0.15, label="noise floor")
+        ax_mae.set(xscale="log", xlabel="observed requests", ylabel="MAE on the next requests (tokens)")
+        ax_mae.legend(fontsize=7)
+        ax_c.plot(x, [p["concordance"] for p in pts], marker="o")
+        ax_c.fill_between(x, [p["concordance"] - p["concordance_sd"] for p in pts],
+                          [p["concordance"] + p["concordance_sd"] for p in pts], alpha=0.2)
+        ax_c.axhline(result.get("settings", {}).get("floor", 0.55), color="r", ls=":", label="install floor")
+        ax_c.set(xscale="log", xlabel="observed requests", ylabel="concordance on the next requests")
+        ax_c.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "online_learning_curve.png", dpi=110)
+        plt.close(fig)
+    if drift:
+        fig, axes = plt.subplots(1, len(drift), figsize=(6 * len(drift), 4.2), squeeze=False)
+        for ax, (name, d) in zip(axes[0], drift.items()):
+            pts = [p for p in d["points"] if p["mae"] is not None]
+            x = [p["observed"] for p in pts]
+            ax.plot(x, [p["mae"] for p in pts], marker="o", label="served head")
+            ax.fill_between(x, [p["mae_range"][0] for p in pts], [p["mae_range"][1] for p in pts], alpha=0.2)
+            if d.get("steady_mae"):
+                ax.axhline(d["steady_mae"], color="k", ls="--", label="steady")
+                ax.axhline(1.1 * d["steady_mae"], color="k", ls=":", label="steady + 10%")
+            if d.get("recovered_after") is not None:
+                ax.axvline(d["recovered_after"], color="g", ls=":", label="recovered")
+            ax.set(title=name.replace("_", " "), xlabel="requests after the switch", ylabel="MAE on the next requests")
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "online_drift.png", dpi=110)
+        plt.close(fig)

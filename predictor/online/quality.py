@@ -1,0 +1,44 @@
+"""How good a head is on served requests, censored ones included where that is honest.
+
+MAE in tokens over the requests whose length the head can score (exact ones, and those censored
+at or beyond the cap, which sit in its last bin: predictor.fit.scorable), the figure the offline
+benchmarks report. Concordance (Harrell's C) is what a length-aware scheduler needs: the share of
+request pairs whose predicted order matches their true order. A censored request enters a pair
+only where the order is certain, i.e. against an exact one shorter than its cut.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from predictor.fit import scorable
+from predictor.head import LengthBins, LengthHead
+
+
+def concordance(predicted: Tensor, tokens: Tensor, censored: Tensor) -> float | None:
+    """Share of ordered pairs that the prediction orders the same way (ties in the prediction count
+    half); None without any pair of known order."""
+    tokens = tokens.float()
+    # i is certainly shorter than j when i is exact and shorter than j's length or cut.
+    shorter = (~censored)[:, None] & (tokens[:, None] < tokens[None, :])
+    pairs = shorter.sum().item()
+    if not pairs:
+        return None
+    p = predicted.float()
+    agree = (p[:, None] < p[None, :]).float() + 0.5 * (p[:, None] == p[None, :]).float()
+    return (agree * shorter).sum().item() / pairs
+
+
+def mae(predicted: Tensor, tokens: Tensor, censored: Tensor, bins: LengthBins) -> float | None:
+    keep, target = scorable(tokens.float(), censored, bins)
+    return (predicted.float()[keep] - target[keep]).abs().mean().item() if keep.any() else None
+
+
+@torch.no_grad()
+def evaluate(head: LengthHead, bins: LengthBins, x: Tensor, tokens: Tensor, censored: Tensor) -> dict:
+    """{"mae", "concordance", "scored"} of the head's expected length on these requests."""
+    expected = bins.expected(head(x).softmax(-1))
+    keep, _ = scorable(tokens.float(), censored, bins)
+    return {"mae": mae(expected, tokens, censored, bins), "concordance": concordance(expected, tokens, censored),
+            "scored": int(keep.sum())}
