@@ -93,7 +93,7 @@ def _response(served: Served, stream: bool, client_wants_usage: bool):
 @serve.ingress(api)
 class Router:
     def __init__(self, pools: dict[str, DeploymentHandle], predictor: DeploymentHandle | None, config: StackConfig,
-                 plan: RoutingPlan):
+                 plan: RoutingPlan, learner: DeploymentHandle | None = None):
         self._config = config
         self._model = config.model
         router = config.router
@@ -104,9 +104,9 @@ class Router:
         api.add_middleware(BodyLimit, max_bytes=router.max_body_bytes)
         open_paths = frozenset({LIVENESS} if router.auth.protect_health else {HEALTH, LIVENESS})
         api.add_middleware(AuthMiddleware, keys=self._keys, open_paths=open_paths)  # outermost: before the body
-        self._pipeline = Pipeline(config, plan, pools, predictor)
+        self._pipeline = Pipeline(config, plan, pools, predictor, learner)
         self._vocab_size = len(self._pipeline.tokenizer)
-        self._readiness = Readiness([*pools.values(), *([predictor] if predictor is not None else [])])
+        self._readiness = Readiness([*pools.values(), *(h for h in (predictor, learner) if h is not None)])
         self._created = int(time.time())
         self._metrics_port: int | None = None
 
@@ -117,6 +117,8 @@ class Router:
         ready = all(n > 0 for n in running.values())
         body = {"status": "ok" if ready else "starting", "model": self._model.id, "running_replicas": running,
                 **self._pipeline.status(), "metrics_port": self._node_metrics_port()}
+        if self._pipeline.labels is not None:
+            body["learner"] = await self._pipeline.labels.status()
         return JSONResponse(body, status_code=200 if ready else 503, headers={} if ready else {"Retry-After": "5"})
 
     @api.get(LIVENESS)

@@ -14,10 +14,13 @@ from ray.serve.config import BackpressureConfig
 
 from api.app import Router
 from deployments.engine_pool import build_pool
+from deployments.learner_deployment import LengthLearner
 from deployments.predictor_deployment import LengthPredictor
 from predictor.checkpoint import CheckpointMeta, load_checkpoint
 from predictor.model_files import model_weights_hash, resolve_model_source
-from serving.config import PredictorSpec, RoutingPlan, StackConfig
+from predictor.online import online_bins
+from scheduling.policies import DEFAULT_HEAD, head_of
+from serving.config import REPO_ROOT, PredictorSpec, RoutingPlan, StackConfig
 
 
 def _checkpoint_meta(path: Path, model_path: str) -> CheckpointMeta:
@@ -32,7 +35,23 @@ def _checkpoint_meta(path: Path, model_path: str) -> CheckpointMeta:
     return meta
 
 
-def _build_predictor(spec: PredictorSpec, checkpoints: dict[str, Path], model_path: str):
+def _build_learner(config: StackConfig, model_path: str, base: Path | None):
+    """The online learner (predictor.online), bound once for the whole application."""
+    from transformers import AutoConfig
+
+    spec = config.predictor.online
+    options = {**spec.deployment, "name": "length-learner"}
+    return LengthLearner.options(**options).bind(
+        state_dir=str(REPO_ROOT / spec.state_dir), feature_dim=AutoConfig.from_pretrained(model_path).hidden_size,
+        model_id=config.model.id, model_hash=model_weights_hash(model_path),
+        base_checkpoint=None if base is None else str(base), capacity=spec.capacity,
+        floor=config.router.live_quality.floor, max_tokens=spec.max_tokens,
+        policy={"min_samples": spec.min_samples, "min_new_labels": spec.min_new_labels,
+                "min_interval_s": spec.min_interval_s},
+    )
+
+
+def _build_predictor(spec: PredictorSpec, checkpoints: dict[str, Path], model_path: str, learner):
     options = {**spec.deployment, "name": "length-predictor"}
     # Below the batch size, Serve would never let a batch fill (its default is 5 per replica).
     options.setdefault("max_ongoing_requests", 4 * spec.max_batch_size)
@@ -45,23 +64,30 @@ def _build_predictor(spec: PredictorSpec, checkpoints: dict[str, Path], model_pa
         model_path=model_path, checkpoints={name: str(path) for name, path in checkpoints.items()},
         device="cuda" if spec.gpus else "cpu", dtype=spec.dtype, max_batch_size=spec.max_batch_size,
         batch_wait_timeout_s=spec.batch_wait_timeout_s, max_batch_tokens=spec.max_batch_tokens,
-        max_prompt_tokens=spec.max_prompt_tokens,
+        max_prompt_tokens=spec.max_prompt_tokens, learner=learner,
     )
 
 
 def build_app(args: dict) -> Application:
     config = StackConfig.model_validate(args or {})
     model_path = resolve_model_source(config.model.source)
-    predictor, heads, predictor_name = None, {}, None
-    if config.predictor is not None:
-        checkpoints = config.predictor.heads(config.router.policy, every_predicted=config.router.benchmark_headers)
+    predictor, learner, heads, predictor_name = None, None, {}, None
+    spec = config.predictor
+    if spec is not None:
+        checkpoints = spec.heads(config.router.policy, every_predicted=config.router.benchmark_headers)
         metas = {name: _checkpoint_meta(path, model_path) for name, path in checkpoints.items()}
         heads = {name: meta.bins for name, meta in metas.items()}  # the router's default head first
-        predictor_name = next(iter(metas.values())).pooling.method
-        predictor = _build_predictor(config.predictor, checkpoints, model_path)
+        if spec.online is not None:
+            learned = head_of(config.router.policy) or DEFAULT_HEAD
+            learner = _build_learner(config, model_path, spec.checkpoint_path(config.router.policy))
+            if spec.cold:  # the learner's bins, fixed for its life (predictor.online.learner.online_bins)
+                heads = {learned: online_bins(spec.online.max_tokens), **heads}
+        predictor_name = next(iter(metas.values())).pooling.method if metas else "last"
+        predictor = _build_predictor(spec, checkpoints, model_path, learner)
     plan = RoutingPlan.of(config, model_path, heads, predictor_name)
     pools = {pool.name: build_pool(config.model, pool, config.router) for pool in config.pools}
-    return Router.options(**router_options(config)).bind(pools=pools, predictor=predictor, config=config, plan=plan)
+    return Router.options(**router_options(config)).bind(pools=pools, predictor=predictor, config=config, plan=plan,
+                                                         learner=learner)
 
 
 def router_options(config: StackConfig) -> dict:

@@ -9,18 +9,33 @@ Concurrent requests are batched with `@serve.batch`, so a burst costs one padded
 of one per request, and a bad prompt fails only its own answer ({"error": ...}), never its batch.
 Torch is held to one thread: the cores belong to the engines, and a second thread against a busy
 core was measured 3-9x slower.
+
+With online learning (a learner handle, deployments.learner_deployment), the replica sends the
+learner the head's input of every prompt it predicts (features cost nothing more: the prefill
+ran anyway), and pulls the learner's newest head every few seconds, swapping it in between
+batches. Before the learner has a head (a cold start), prompts get no prediction but their
+features still go to the learner.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 from ray import serve
+from ray.serve.handle import DeploymentHandle
 
+from predictor.checkpoint import load_checkpoint
 from predictor.estimator import InvalidPrompt, LengthEstimator
+from predictor.pooling import PoolingConfig
+
+log = logging.getLogger("ray.serve")
+PULL_S = 5.0  # how often a replica asks the learner for a newer head
 
 
 @serve.deployment
@@ -28,7 +43,7 @@ class LengthPredictor:
     def __init__(
         self, model_path: str, checkpoints: dict[str, str], device: str = "cpu", dtype: str = "float32",
         max_batch_size: int = 8, batch_wait_timeout_s: float = 0.01, max_batch_tokens: int = 4096,
-        max_prompt_tokens: int | None = None,
+        max_prompt_tokens: int | None = None, learner: DeploymentHandle | None = None, learned_head: str = "last",
     ):
         torch.set_num_threads(1)
         # OpenMP's thread count is per calling thread: the prefill thread sets its own as well.
@@ -36,18 +51,48 @@ class LengthPredictor:
         self._estimator = LengthEstimator.load(
             model_path, checkpoints, device=device, dtype=getattr(torch, dtype), max_batch_tokens=max_batch_tokens,
             max_batch_size=max_batch_size, max_prompt_tokens=max_prompt_tokens,
+            learn=PoolingConfig(method="last") if learner is not None else None,
         )
         self._predict_batch.set_max_batch_size(max_batch_size)
         self._predict_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self._learner, self._learned_head = learner, learned_head
+        self._version: int | None = None  # of the learned head this replica serves
+        self._puller: asyncio.Task | None = None
 
-    async def __call__(self, token_ids: list[int]) -> dict[str, dict]:
+    async def __call__(self, token_ids: list[int], request_id: str | None = None) -> dict[str, dict]:
         """Per head: {expected_tokens, quantiles, bin, probabilities}; or {"error": why} for this prompt."""
-        return await self._predict_batch(token_ids)
+        if self._learner is not None and self._puller is None:
+            self._puller = asyncio.get_running_loop().create_task(self._pull_heads())
+        return await self._predict_batch(token_ids, request_id)
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
-    async def _predict_batch(self, prompts: list[list[int]]) -> list[dict]:
+    async def _predict_batch(self, prompts: list[list[int]], request_ids: list[str | None]) -> list[dict]:
         # Off the event loop, so the replica keeps answering health checks and queueing requests.
         loop = asyncio.get_running_loop()
-        results = await loop.run_in_executor(self._prefill, self._estimator.predict_each, prompts)
-        return [{"error": str(r)} if isinstance(r, InvalidPrompt) else {name: asdict(p) for name, p in r.items()}
+        results, vectors = await loop.run_in_executor(self._prefill, self._estimator.predict_and_pool, prompts)
+        if self._learner is not None:
+            rows = [(rid, v.tolist(), len(ids)) for rid, v, ids in zip(request_ids, vectors, prompts)
+                    if rid is not None and v is not None]
+            if rows:
+                self._learner.features.remote(rows)  # fire and forget: learning never delays a prediction
+        return [{"error": str(r), "code": "invalid_prompt"} if isinstance(r, InvalidPrompt) else
+                ({name: asdict(p) for name, p in r.items()} if r else
+                 {"error": "no head yet: the learner has not installed one", "code": "no_head"})
                 for r in results]
+
+    async def _pull_heads(self) -> None:
+        while True:
+            try:
+                answer = await self._learner.head.remote(self._version)
+                if answer is not None:
+                    with tempfile.TemporaryDirectory() as tmp:
+                        stem = Path(tmp) / "head"
+                        stem.with_suffix(".safetensors").write_bytes(answer["weights"])
+                        stem.with_suffix(".json").write_text(answer["meta"])
+                        head, meta = load_checkpoint(stem)
+                    self._estimator.set_head(self._learned_head, head, meta)
+                    self._version = answer["version"]
+                    log.info("predictor now serves learned head version %s", self._version)
+            except Exception:  # the learner is down or restarting: keep serving the head we have
+                log.exception("pulling the learned head failed")
+            await asyncio.sleep(PULL_S)

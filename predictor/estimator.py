@@ -22,7 +22,7 @@ from predictor.features import (FeatureConfig, PrefillFeatures, check_supported,
                                 pad_left)
 from predictor.head import LengthHead, LengthPrediction, summarise
 from predictor.model_files import model_weights_hash
-from predictor.pooling import pool
+from predictor.pooling import PoolingConfig, pool
 
 # A prompt is token ids (already templated, as the engine sees them), a raw user message (wrapped
 # in the chat template with the generation prompt, as the dataset was generated), or chat messages.
@@ -69,16 +69,27 @@ def head_predictions(heads: Heads, features: PrefillFeatures) -> list[dict[str, 
 
 
 class LengthEstimator:
-    """The serving model's weights plus one or more trained heads; the first head is the default."""
+    """The serving model's weights plus trained heads; the first head is the default.
+
+    With `learn` (a pooling), each prediction also returns that pooling of the prompt, the input
+    a learning head trains on (predictor.online); the estimator can then start with no head at
+    all (a cold start: features, no predictions) and take heads as they are learned (`set_head`).
+    """
 
     def __init__(self, model: nn.Module, tokenizer, heads: Heads, max_batch_tokens: int = 4096,
-                 max_batch_size: int = 32, max_prompt_tokens: int | None = None):
-        device = next(model.parameters()).device
+                 max_batch_size: int = 32, max_prompt_tokens: int | None = None,
+                 learn: PoolingConfig | None = None):
+        self.device = next(model.parameters()).device
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.heads = {name: (head.to(device).eval(), meta) for name, (head, meta) in heads.items()}
-        self.default = next(iter(self.heads))
-        self.features = shared_features([meta for _, meta in self.heads.values()])
+        self.heads = {name: (head.to(self.device).eval(), meta) for name, (head, meta) in heads.items()}
+        self.default = next(iter(self.heads), None)
+        self.learn = learn
+        metas = [meta for _, meta in self.heads.values()]
+        self.features = shared_features(metas) if metas else FeatureConfig(entropy=False, attention=False)
+        if learn is not None:
+            self.features = self.features.model_copy(update={
+                "entropy": self.features.entropy or learn.needs()[0], "attention": self.features.attention or learn.needs()[1]})
         check_supported(self.model, self.features)
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
@@ -114,10 +125,28 @@ class LengthEstimator:
         if bad is not None:
             raise InvalidPrompt(f"token id {bad!r} outside the vocabulary (0..{self.vocab_size - 1})")
 
-    @torch.no_grad()
+    def set_head(self, name: str, head: LengthHead, meta: CheckpointMeta) -> None:
+        """Serve `head` as `name` from the next batch on. The heads are replaced as one mapping, so
+        a batch that already started keeps the heads it started with: never half of a swap."""
+        if meta.feature_layer != self.features.layer:
+            raise ValueError(f"head {name} reads layer {meta.feature_layer}, this estimator extracts {self.features.layer}")
+        entropy, attention = meta.pooling.needs()
+        if (entropy and not self.features.entropy) or (attention and not self.features.attention):
+            raise ValueError(f"head {name} pools features this estimator does not extract")
+        self.heads = {**self.heads, name: (head.to(self.device).eval(), meta)}
+
     def predict_each(self, ids: list[list[int]]) -> list[dict[str, LengthPrediction] | InvalidPrompt]:
         """Per prompt, every head's prediction, or the reason it cannot be predicted."""
+        return self.predict_and_pool(ids)[0]
+
+    @torch.no_grad()
+    def predict_and_pool(self, ids: list[list[int]]) -> tuple[list[dict[str, LengthPrediction] | InvalidPrompt],
+                                                              list[torch.Tensor | None]]:
+        """Per prompt, every head's prediction (or why it cannot be predicted), and its `learn`
+        pooling (None without `learn`, or for an invalid prompt)."""
+        heads = self.heads  # one mapping for the whole call (set_head may replace it meanwhile)
         results: list = [None] * len(ids)
+        vectors: list[torch.Tensor | None] = [None] * len(ids)
         valid = []
         for i, seq in enumerate(ids):
             try:
@@ -129,12 +158,17 @@ class LengthEstimator:
             members = [valid[g] for g in group]
             input_ids, mask = pad_left([ids[i] for i in members], self.pad_id)
             features = extract_features(self.model, input_ids, mask, self.features)
-            for i, row in zip(members, head_predictions(self.heads, features)):
+            for i, row in zip(members, head_predictions(heads, features)):
                 results[i] = row
-        return results
+            if self.learn is not None:
+                for i, vector in zip(members, pool(features, self.learn).float().cpu()):
+                    vectors[i] = vector
+        return results, vectors
 
     def predict(self, prompts: Sequence[Prompt]) -> list[LengthPrediction]:
         """The default head's predictions (offline use): any invalid prompt raises."""
+        if self.default is None:
+            raise ValueError("no head to predict with")
         out = []
         for result in self.predict_each([self.encode(p) for p in prompts]):
             if isinstance(result, InvalidPrompt):

@@ -26,6 +26,7 @@ from scheduling.replica_choice import Choice
 from scheduling.scheduler import Ranking, Scheduler
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+ONLINE = "online"  # predictor.checkpoint: start with no offline head
 DEFAULT_CHECKPOINTS = REPO_ROOT / "predictor" / "checkpoints"
 # Each head's committed checkpoint folder (predictor/checkpoints/<folder>/head).
 HEAD_CHECKPOINTS = {"estp": "estp", "egtp": "egtp", "last": "last_ens5"}
@@ -98,7 +99,11 @@ class PredictorSpec(_Strict):
 
     checkpoint: str | None = Field(
         None, description="head checkpoint path (no suffix), relative to the repo; default the "
-        "policy's head (estp, egtp, last: predictor/checkpoints/last_ens5), else the last-token one",
+        "policy's head (estp, egtp, last: predictor/checkpoints/last_ens5), else the last-token one; "
+        "`online`: no offline head at all, the learner's (needs `online`)",
+    )
+    online: "OnlineSpec | None" = Field(
+        None, description="learn the head from served traffic (predictor.online); null: the offline head only",
     )
     timeout_s: float = Field(5.0, gt=0, description="longer waits route by the fallback policy")
     max_prompt_tokens: int = Field(
@@ -129,7 +134,14 @@ class PredictorSpec(_Strict):
         replicas = self.deployment.get("num_replicas", 1)
         return self.max_concurrent or self.max_batch_size * (replicas if isinstance(replicas, int) else 1)
 
-    def checkpoint_path(self, policy: str) -> Path:
+    @property
+    def cold(self) -> bool:
+        """No offline head: the learner starts from nothing."""
+        return self.checkpoint == ONLINE
+
+    def checkpoint_path(self, policy: str) -> Path | None:
+        if self.cold:
+            return None
         if self.checkpoint is not None:
             return REPO_ROOT / self.checkpoint
         return head_checkpoint(head_of(policy) or DEFAULT_HEAD)
@@ -141,10 +153,30 @@ class PredictorSpec(_Strict):
         can be compared in one run from one shared prefill.
         """
         first = head_of(policy) or DEFAULT_HEAD
-        heads = {first: self.checkpoint_path(policy)}
+        heads = {} if self.cold else {first: self.checkpoint_path(policy)}
         for other in sorted(HEADS - {first}) if every_predicted else ():
             heads[other] = head_checkpoint(other)
         return heads
+
+
+class OnlineSpec(_Strict):
+    """Learning the head from served traffic (predictor.online, deployments.learner_deployment)."""
+
+    state_dir: str = Field("predictor/online_state", description="where the learner keeps its reservoir and heads "
+                           "(relative to the repo); a restart resumes from it")
+    capacity: int = Field(4096, gt=0, description="requests in the learner's stratified reservoir")
+    dispatched_share: float = Field(
+        0.25, ge=0, le=1, description="share of the requests dispatched at once that are predicted anyway (off their "
+        "path) for their features and live scoring; every waiting request is predicted regardless",
+    )
+    min_samples: int = Field(100, gt=0, description="no refit before this many labelled requests")
+    min_new_labels: int = Field(100, ge=0, description="labels new since the last refit before the next")
+    min_interval_s: float = Field(120.0, ge=0, description="seconds between refits at the least")
+    max_tokens: int = Field(1024, gt=1, description="a cold learner's bins end here (longer outputs share the last bin)")
+    deployment: dict[str, Any] = Field(
+        default_factory=lambda: {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.05}},
+        description="Ray Serve deployment options of the learner (one replica: one learner per application)",
+    )
 
 
 class QueueSpec(_Strict):
@@ -261,6 +293,8 @@ class StackConfig(_Strict):
         if len(set(names)) != len(names):
             raise ValueError(f"pool names must be unique, got {names}")
         router, edges_needed = self.router, len(self.pools) - 1
+        if self.predictor is not None and self.predictor.cold and self.predictor.online is None:
+            raise ValueError("predictor.checkpoint: online needs predictor.online (the learner)")
         if POLICIES[router.policy].head and self.predictor is None:
             raise ValueError(f"policy {router.policy!r} needs the predictor; it is disabled (predictor: null)")
         if POLICIES[router.policy].told_length and not router.benchmark_headers:

@@ -36,9 +36,11 @@ def _pair(a: _Sample, b: _Sample) -> tuple[float, int]:
 
 
 class LiveQuality:
-    def __init__(self, window: int = 200, floor: float = 0.55, margin: float = 0.03, min_samples: int = 50):
+    def __init__(self, window: int = 200, floor: float = 0.55, margin: float = 0.03, min_samples: int = 50,
+                 trusted: bool = True):
+        """`trusted` False: the head must earn trust first (a cold start's learned head)."""
         self.window, self.floor, self.margin, self.min_samples = window, floor, margin, min_samples
-        self.trusted = True
+        self.trusted = trusted
         self.switches = 0
         self.scored = 0
         self._samples: deque[_Sample] = deque()

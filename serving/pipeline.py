@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -69,7 +70,7 @@ def _max_tokens(body) -> int | None:
 
 class Pipeline:
     def __init__(self, config: StackConfig, plan: RoutingPlan, pools: dict[str, DeploymentHandle],
-                 predictor: DeploymentHandle | None):
+                 predictor: DeploymentHandle | None, learner: DeploymentHandle | None = None):
         from transformers import AutoTokenizer
 
         self.config, self.plan = config, plan
@@ -89,7 +90,15 @@ class Pipeline:
             plan.heads, plan.pools, spec.concurrency() if spec else 0,
         )
         self._predict_all = spec is not None and spec.predict == "all"
-        self.quality = {head: LiveQuality(**router.live_quality.model_dump()) for head in plan.heads}
+        # A cold start's learned head earns trust like a distrusted one: on shadow predictions.
+        cold = spec is not None and spec.cold
+        self.quality = {head: LiveQuality(**router.live_quality.model_dump(), trusted=not (cold and i == 0))
+                        for i, head in enumerate(plan.heads)}
+        self.labels = LabelSender(learner) if learner is not None else None
+        # Beside a request dispatched at once, a prediction only for its features and its live
+        # score: every one while the head is distrusted and nothing learns, else a share.
+        self._beside_share = spec.online.dispatched_share if spec is not None and spec.online else 1.0
+        self._rng = random.Random()
         self.pending = 0  # requests held before they reach a pool
         self.metrics = RoutingMetrics(self.policy)
         self.queue_metrics = QueueMetrics()
@@ -141,7 +150,7 @@ class Pipeline:
             return Outcome(None, request.prediction_failure)
         outcome = await self.predictor.predict(
             ids, request.max_tokens, head_of(request.policy), wait=not beside or request.queued,
-            timeout_s=self.config.router.request_timeout_s if beside else None)
+            timeout_s=self.config.router.request_timeout_s if beside else None, request_id=request.id)
         if outcome.prediction is None:
             request.prediction_failure = request.prediction_failure or outcome.failure
             return outcome
@@ -212,6 +221,8 @@ class Pipeline:
         self.metrics.inflight(request.pool, self.scheduler.inflight(request.pool))
         self.queue_metrics.waiting(request.pool, len(self.scheduler.queues[request.pool]))
         self._score(request)
+        if self.labels is not None and (label := request.natural_length()) is not None:
+            self.labels.add(request.id, *label)
         if self.request_log is not None:
             self.request_log.write(request)
 
@@ -252,9 +263,10 @@ class Pipeline:
         # request; while live quality keeps the router length-blind, shadow predictions that can
         # win trust back. A request that is not waiting never queues for the predictor.
         predict_all = self._predict_all if overrides.predict_all is None else overrides.predict_all
+        sampled = (not trusted or self.labels is not None) and self._rng.random() < self._beside_share
         beside = None
         if policy.head is not None and request.prediction is None and ids is not None:
-            if (request.queued and policy.family == "work") or predict_all or not trusted:
+            if (request.queued and policy.family == "work") or predict_all or sampled:
                 beside = asyncio.create_task(self.predict(request, ids, beside=True))
         try:
             await self.wait(request)
@@ -262,7 +274,7 @@ class Pipeline:
             if beside is not None:
                 beside.cancel()
             raise
-        if beside is not None and not (predict_all or not trusted):
+        if beside is not None and not (predict_all or sampled):
             beside.cancel()  # dispatched before its prediction landed: no longer needed
         return Served(request, await self.dispatch(request, body, kind))
 
@@ -298,6 +310,40 @@ class Pipeline:
             "predictor_waiting": self.predictor.waiting,
             "live_quality": {head: q.report() for head, q in self.quality.items()},
         }
+
+
+class LabelSender:
+    """Finished requests' lengths to the learner, a few at a time and never on a request's path."""
+
+    BATCH, EVERY_S = 32, 2.0
+
+    def __init__(self, learner: DeploymentHandle):
+        self._learner = learner
+        self._rows: list[tuple[str, int, bool]] = []
+        self._flusher: asyncio.Task | None = None
+
+    def add(self, request_id: str, tokens: int, censored: bool) -> None:
+        self._rows.append((request_id, tokens, censored))
+        if len(self._rows) >= self.BATCH:
+            self.flush()
+        elif self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self.EVERY_S)
+        self.flush()
+
+    def flush(self) -> None:
+        if self._rows:
+            rows, self._rows = self._rows, []
+            self._learner.labels.remote(rows)  # fire and forget: a slow learner never holds a request
+
+    async def status(self, timeout_s: float = 2.0) -> dict | None:
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._learner.status.remote()
+        except Exception:  # a learner that does not answer: /health says so rather than waiting
+            return None
 
 
 def _queue_report(queue, now: float) -> dict:

@@ -52,13 +52,14 @@ class PredictorClient:
         self.waiting = 0  # calls waiting for a slot
 
     async def predict(self, ids: list[int], cap: int | None, head: str | None = None, wait: bool = True,
-                      timeout_s: float | None = None) -> Outcome:
+                      timeout_s: float | None = None, request_id: str | None = None) -> Outcome:
         """One prompt's prediction by `head` (default: the first), capped at `cap` tokens.
 
         Every head comes from the same prefill, so asking for another costs nothing more.
         `wait=False`: only if a slot is free now (a request that is not waiting itself must not
         pile up in front of the predictor). `timeout_s`: a bound other than the configured one,
-        for a prediction nobody waits on (one made beside a request).
+        for a prediction nobody waits on (one made beside a request). `request_id`: the request's,
+        for a learning predictor to join its features with its length when it finishes.
         """
         if self._handle is None:
             return Outcome(None, "no_predictor")
@@ -76,19 +77,21 @@ class PredictorClient:
         finally:
             self.waiting -= 1
         try:
-            answer, failure, detail = await self._ask(ids, timeout_s or self._timeout_s)
+            answer, failure, detail = await self._ask(ids, request_id, timeout_s or self._timeout_s)
         finally:
             self._slots.release()
         latency = time.perf_counter() - start
         if answer is None:
             return Outcome(None, failure, detail, latency)
         if "error" in answer:
-            return Outcome(None, "invalid_prompt", answer["error"], latency)
+            return Outcome(None, answer.get("code", "invalid_prompt"), answer["error"], latency)
+        if head not in answer:
+            return Outcome(None, "no_head", f"the predictor serves no {head} head yet", latency)
         prediction = self._pools.describe(head, LengthPrediction(**answer[head]), self.heads[head], cap)
         return Outcome(prediction, latency_s=latency)
 
-    async def _ask(self, ids: list[int], timeout_s: float) -> tuple[dict | None, str | None, str]:
-        response = self._handle.remote(ids)
+    async def _ask(self, ids: list[int], request_id: str | None, timeout_s: float) -> tuple[dict | None, str | None, str]:
+        response = self._handle.remote(ids, request_id)
         try:
             async with asyncio.timeout(timeout_s):
                 return await response, None, ""

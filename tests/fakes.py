@@ -145,9 +145,11 @@ class FakePredictor:
     fail: bool = False
     hold: asyncio.Event | None = None  # answers wait for it: a test decides when predictions land
     calls: int = 0
+    request_ids: list = field(default_factory=list)
 
-    def remote(self, ids):
+    def remote(self, ids, request_id=None):
         self.calls += 1
+        self.request_ids.append(request_id)
         return _Answer(self, ids)
 
 
