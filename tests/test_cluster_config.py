@@ -121,7 +121,7 @@ def test_every_placement_the_serve_config_asks_for_has_nodes(nodes):
 
 def test_predictor_placement_reaches_its_serve_deployment(tmp_path):
     config = StackConfig.model_validate(_args(_serve(GPU_SERVE)))
-    app = _build_predictor(config.predictor, {"estp": tmp_path / "head"}, "model")
+    app = _build_predictor(config.predictor, {"estp": tmp_path / "head"}, "model", learner=None)
     deployment = app._bound_deployment
     assert deployment.num_replicas == 3 and deployment._replica_config.max_replicas_per_node == 1
     assert deployment.ray_actor_options["resources"] == {"engine_node": 0.001}
