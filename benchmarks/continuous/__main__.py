@@ -179,7 +179,7 @@ def main(argv=None) -> None:
     s.add_argument("--replicas", type=int, nargs="+", default=list(simulated.REPLICAS))
     s.add_argument("--loads", type=float, nargs="+", default=list(simulated.LOADS))
     s.add_argument("--arrivals", nargs="+", default=list(simulated.ARRIVALS))
-    s.add_argument("--policies", nargs="+", default=list(simulated.POLICIES))
+    s.add_argument("--policies", nargs="+", default=list(simulated.GRID_POLICIES))
     d = sub.add_parser("design")
     d.add_argument("--replicas", type=int, default=simulated.DESIGN_REPLICAS)
     for sp in (s, d):

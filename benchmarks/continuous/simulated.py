@@ -16,7 +16,7 @@ from __future__ import annotations
 from benchmarks.simulator.scale import SimJob, replica_capacity_rps, simulate_jobs
 from benchmarks.simulator.setup import Setup
 
-POLICIES = ("round_robin", "ray_default", "input_length", "egtp", "estp", "last", "oracle",
+GRID_POLICIES = ("round_robin", "ray_default", "input_length", "egtp", "estp", "last", "oracle",
             "egtp_work", "estp_work", "last_work", "oracle_work", "ceiling")
 LAYOUT = {"round_robin": "even", "ray_default": "single", "input_length": "work", "estp": "work", "egtp": "work",
           "last": "work", "oracle": "work", "estp_work": "single", "egtp_work": "single", "last_work": "single",
@@ -41,7 +41,7 @@ def _keep(summary: dict) -> dict:
     return {k: summary.get(k) for k in METRICS}
 
 
-def grid(setup: Setup, replicas=REPLICAS, loads=LOADS, arrivals=ARRIVALS, policies=POLICIES,
+def grid(setup: Setup, replicas=REPLICAS, loads=LOADS, arrivals=ARRIVALS, policies=GRID_POLICIES,
          workers: int = 2, seed: int = 0) -> dict:
     """{"<replicas>": {"<arrival>@<load>": {"<policy>": metrics}}}"""
     capacity = replica_capacity_rps(setup)

@@ -46,7 +46,7 @@ def _real(args) -> dict:
             repeats.append(repeat)
     real_part = {"repeats": repeats, "lost_requests": sum(m["lost"] for rep in repeats for m in rep.values()),
                  "settings": {"prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens,
-                              "policies": args.policies, "schedules": {p: real.POLICIES[p] for p in args.policies}}}
+                              "policies": args.policies, "schedules": {p: real.SCHEDULES[p] for p in args.policies}}}
     return _update(args.out, real=real_part, **real.headline(real_part))
 
 

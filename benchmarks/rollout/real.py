@@ -46,7 +46,7 @@ def rl_batch(prompts: int, n: int, max_tokens: int) -> tuple[list[str], dict[str
     return texts, {"oracle": oracle, "ceiling": ceiling}
 
 
-POLICIES = {"ray_default": "fifo", "estp": "makespan", "last": "makespan", "ceiling": "makespan",
+SCHEDULES = {"ray_default": "fifo", "estp": "makespan", "last": "makespan", "ceiling": "makespan",
             "oracle": "makespan"}
 HEAD = {"estp": "estp", "last": "last"}  # the predictor head a policy's predictions come from
 
@@ -54,7 +54,7 @@ HEAD = {"estp": "estp", "last": "last"}  # the predictor head a policy's predict
 def run_once(base_url: str, model: str, texts: list[str], known: dict, policy: str, n: int, max_tokens: int,
              headers: dict, timeout_s: float = 3600) -> tuple[dict, list[dict]]:
     """The batch's figures, and its samples (the per-request records, text left out)."""
-    body = {"model": model, "prompts": texts, "n": n, "max_tokens": max_tokens, "schedule": POLICIES[policy],
+    body = {"model": model, "prompts": texts, "n": n, "max_tokens": max_tokens, "schedule": SCHEDULES[policy],
             "known_tokens": known.get(policy), "head": HEAD.get(policy)}
     r = httpx.post(f"{base_url}/v1/rollout", json=body, headers=headers, timeout=timeout_s)
     r.raise_for_status()

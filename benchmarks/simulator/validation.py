@@ -266,7 +266,7 @@ def summary_json(fit: Fit, fit_runs: list[str], held_out: list[str], compared: d
 def load_runs(runs_dir: Path, rollout_records: Path) -> dict[str, Run]:
     """Every real run on disk: the bursts and loads (runs/*.jsonl) and the real rollouts."""
     from benchmarks.replay.runs import read_run
-    from benchmarks.rollout.real import POLICIES as SCHEDULES, rl_prompt_tokens
+    from benchmarks.rollout.real import SCHEDULES, rl_prompt_tokens
 
     runs = {}
     for path in sorted(runs_dir.glob("*.jsonl")):

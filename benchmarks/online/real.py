@@ -1,0 +1,155 @@
+"""A cold start on the real stack: no head at all, held-out ShareGPT traffic, the head learned live.
+
+The stack starts with `predictor.checkpoint: online` and an empty state directory, and a trace of
+held-out ShareGPT prompts (the dataset never used them) arrives at a calm share of its capacity.
+While it runs, /health is polled for the learner's head version and whether the router trusts
+the learned head; afterwards the router's request log gives, per 100 finished requests, the live
+MAE and rank concordance of the predictions made for them (shadow predictions while untrusted).
+The same trace then runs on the stack with learning off (the offline head, no learner), for what
+learning costs in throughput and time to first token. Memory: the router's and the predictor's
+RSS from after the warm-up to the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from benchmarks.replay.trace import TraceRequest
+
+MAX_TOKENS = 512  # answers cut here are censored labels, which the learner takes as such
+BLOCK = 100
+
+
+def _poll(base_url: str, stop: threading.Event, out: list[dict], every_s: float = 10.0) -> None:
+    from benchmarks.reliability.overload import rss
+
+    while not stop.is_set():
+        try:
+            h = httpx.get(f"{base_url}/health", timeout=10).json()
+            quality = next(iter(h["live_quality"].values()), {})
+            out.append({"t": time.time(), "learner": h.get("learner"), "trusted": quality.get("trusted"),
+                        "scored": quality.get("scored"), "concordance": quality.get("concordance"), "rss": rss()})
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+        stop.wait(every_s)
+
+
+def rss_growth(polls: list[dict], warmup_s: float = 120.0) -> dict[str, float | None]:
+    """Each process's RSS at the end over its RSS once warm (`warmup_s` into the run), minus one."""
+    if not polls:
+        return {}
+    warm = next((p for p in polls if p["t"] >= polls[0]["t"] + warmup_s), polls[0])["rss"]
+    end = polls[-1]["rss"]
+    return {k: (end[k] / warm[k] - 1) if warm.get(k) and end.get(k) else None for k in end}
+
+
+def _concordance(predicted: list[float], actual: list[int]) -> float | None:
+    credit = pairs = 0.0
+    for i in range(len(actual)):
+        for j in range(i + 1, len(actual)):
+            if actual[i] == actual[j]:
+                continue
+            pairs += 1
+            if predicted[i] == predicted[j]:
+                credit += 0.5
+            elif (predicted[i] < predicted[j]) == (actual[i] < actual[j]):
+                credit += 1
+    return credit / pairs if pairs else None
+
+
+def live_blocks(log: list[dict]) -> list[dict]:
+    """Per BLOCK finished requests (in finishing order): how many had a prediction, its MAE and
+    concordance on those whose length is exact (censored ones are left out of both)."""
+    done = sorted((e for e in log if e["finished_at"] is not None), key=lambda e: e["finished_at"])
+    out = []
+    for start in range(0, len(done), BLOCK):
+        block = done[start:start + BLOCK]
+        scored = [e for e in block if e["prediction"] is not None and e["completion_tokens"] is not None
+                  and e["finish_reason"] == "stop"]
+        predicted = [e["prediction"]["expected_tokens"] for e in scored]
+        actual = [e["completion_tokens"] for e in scored]
+        out.append({"requests": start + len(block), "predicted": len([e for e in block if e["prediction"]]),
+                    "mae": float(np.mean(np.abs(np.array(predicted) - actual))) if scored else None,
+                    "concordance": _concordance(predicted, actual)})
+    return out
+
+
+def trusted_after(polls: list[dict], log: list[dict]) -> int | None:
+    """Requests finished when the router first trusted the learned head (None: never)."""
+    first = next((p["t"] for p in polls if p["trusted"]), None)
+    if first is None:
+        return None
+    return sum(e["finished_at"] is not None and e["finished_at"] <= first for e in log)
+
+
+def run_stack(trace: list[TraceRequest], overrides: dict, actors_n: int = 2) -> dict:
+    """Replay `trace` on a stack with `overrides`; the client's records, the router's, the polls, RSS."""
+    import ray
+
+    from benchmarks.replay.actors import connect, replay, spawn_actors
+    from benchmarks.replay.metrics import summarise
+    from benchmarks.replay.stack import RunningStack
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "requests.jsonl"
+        merged = {**overrides, "router": {**overrides.get("router", {}), "request_log": str(log)}}
+        with RunningStack(Path(tmp), merged) as stack:
+            os.environ["RAY_ADDRESS"] = "auto"
+            connect()
+            actors = spawn_actors(stack.base_url, actors_n, 7200)
+            polls, stop = [], threading.Event()
+            poller = threading.Thread(target=_poll, args=(stack.base_url, stop, polls), daemon=True)
+            poller.start()
+            records = replay(stack.base_url, trace, mode="open", timeout_s=7200, actors=actors)
+            stop.set()
+            poller.join()
+            ray.shutdown()
+            entries = [json.loads(line) for line in log.read_text().splitlines()]
+    summary = summarise(records, 8)
+    ttft = sorted(r.ttft_s for r in records if r.status == "ok")
+    return {"summary": summary, "p50_ttft_s": float(np.percentile(ttft, 50)) if ttft else None,
+            "failed": summary["failed"], "polls": polls, "log": entries, "rss_growth": rss_growth(polls)}
+
+
+def cold_start(n: int, rate: float, share: float, seed: int = 0) -> dict:
+    """The learning stack from nothing, then the same trace with learning off; online.json's "real"."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from benchmarks.continuous.real import held_out_chat
+    from benchmarks.replay.trace import arrival_times
+    from predictor.model_files import resolve_model_source
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_source("embedded"))
+    prompts = held_out_chat(tokenizer, n=n, seed=seed)
+    times = arrival_times(n, "poisson", rate, random.Random(seed))
+    trace = [r.model_copy(update={"arrival_s": t, "max_tokens": MAX_TOKENS}) for r, t in zip(prompts, times)]
+    with tempfile.TemporaryDirectory() as state:
+        on = run_stack(trace, {"predictor": {"checkpoint": "online", "online": {
+            "state_dir": state, "dispatched_share": share, "min_new_labels": 50, "min_interval_s": 60}}})
+    off = run_stack(trace, {})
+    versions = [(p["t"], (p["learner"] or {}).get("version")) for p in on["polls"]]
+    ratio = lambda a, b: None if not a or not b else a / b  # noqa: E731
+    return {
+        "requests": n, "rate_rps": rate, "max_tokens": MAX_TOKENS, "dispatched_share": share,
+        "trusted_after_requests": trusted_after(on["polls"], on["log"]),
+        "first_head_after_s": next((t - versions[0][0] for t, v in versions if v), None) if versions else None,
+        "throughput_ratio_vs_off": ratio(on["summary"]["throughput_tok_s"], off["summary"]["throughput_tok_s"]),
+        "p50_ttft_ratio_vs_off": ratio(on["p50_ttft_s"], off["p50_ttft_s"]),
+        "failed": on["failed"] + off["failed"], "failed_on": on["failed"], "failed_off": off["failed"],
+        "rss_growth": on["rss_growth"], "live": live_blocks(on["log"]),
+        "on": {"throughput_tok_s": on["summary"]["throughput_tok_s"], "p50_ttft_s": on["p50_ttft_s"],
+               "mean_jct_s": on["summary"]["mean_jct_s"]},
+        "off": {"throughput_tok_s": off["summary"]["throughput_tok_s"], "p50_ttft_s": off["p50_ttft_s"],
+                "mean_jct_s": off["summary"]["mean_jct_s"]},
+        "learner_final": next((p["learner"] for p in reversed(on["polls"]) if p["learner"]), None),
+    }
