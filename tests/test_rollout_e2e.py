@@ -45,7 +45,14 @@ def test_bad_rollouts_are_openai_errors(stack):
 
 
 def _engines(stack) -> list[psutil.Process]:
-    return [p for p in psutil.Process(stack.pid).children(recursive=True) if REPLICA in " ".join(p.cmdline())]
+    found = []
+    for p in psutil.Process(stack.pid).children(recursive=True):
+        try:
+            if REPLICA in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.Error:  # gone, or a zombie not yet reaped (the killed replica): not an engine
+            continue
+    return found
 
 
 def test_a_replica_killed_mid_rollout_loses_no_sample(stack):

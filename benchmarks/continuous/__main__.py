@@ -12,6 +12,8 @@
   sharegpt the same with 128 held-out ShareGPT prompts: ray_default against last_work
   load     300 val/test requests arriving at a share of the capacity the bursts measured (Poisson,
            Azure-like): ray_default against last_work, 3 interleaved repeats, resumable
+  simburst the simulator, validated against the real runs, on bursts of 4x the slots at 2, 4, 10
+           and 100 replicas (10 seeds each)
   report   rebuild continuous.{md,png} from continuous.json
 
 Each command replaces its own part of benchmarks/results/continuous.json and rewrites the report,
@@ -201,8 +203,12 @@ def main(argv=None) -> None:
     for sp in (b, k, g, lo):
         sp.add_argument("--repeats", type=int, default=3)
         sp.add_argument("--actors", type=int, default=2)
+    sb = sub.add_parser("simburst")
+    sb.add_argument("--replicas", type=int, nargs="+", default=list(simulated.BURST_REPLICAS))
+    sb.add_argument("--seeds", type=int, default=10)
+    sb.add_argument("--workers", type=int, default=2)
     sub.add_parser("report")
-    for sp in (s, d, r, b, k, g, lo):
+    for sp in (s, d, r, b, k, g, lo, sb):
         sp.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     out = getattr(args, "out", RESULTS)
@@ -244,9 +250,16 @@ def main(argv=None) -> None:
                 _runs(args, f"load_{process}@{share:g}", trace, args.policies)
         _write_runs(args)
         return
-    from benchmarks.simulator.setup import load_setup
+    from benchmarks.simulator.setup import validated_setup
 
-    setup = load_setup()
+    setup = validated_setup()
+    if args.command == "simburst":
+        current = parts_file.load(out, "continuous").get("bursts", {})
+        simulated_bursts = simulated.bursts(setup, args.replicas, seeds=args.seeds, workers=args.workers)
+        _update(out, bursts={**current, "simulated": simulated_bursts,
+                             "simulated_settings": {"seeds": args.seeds, "validated": setup.validated,
+                                                    "requests_per_slot": simulated.BURST_PER_SLOT}})
+        return
     if args.command == "sim":
         grid = simulated.grid(setup, args.replicas, args.loads, args.arrivals, args.policies, args.workers, args.seed)
         # Runs of other policies or sizes stay: a head retrained reruns only the policies that read it.

@@ -228,6 +228,27 @@ def _bursts_lines(bursts: dict) -> list[str]:
         limits = ", ".join(f"{k} {_pct(a)} / {_pct(b)}" for k, (a, b) in SIMULATED_LIMITS.items())
         lines += ["", f"The limits the issue's independent simulation gives for this burst (mean JCT / short p99 "
                   f"against FIFO, predictions never late): {limits}.", ""]
+    simulated = bursts.get("simulated")
+    if simulated:
+        st = bursts.get("simulated_settings", {})
+        basis = ("the step-time model with the factors the validation fitted on real runs "
+                 "(simulator_validation.md)" if st.get("validated") else
+                 "the single-engine calibration only: NOT yet validated against the real stack")
+        lines += ["## The same burst in the simulator, 2 to 100 replicas", "",
+                  f"A burst of {st.get('requests_per_slot', 4)}x the slots of the dataset's val and test prompts, "
+                  f"{st.get('seeds')} seeds (each its own draw), on {basis}. Change against ray_default: median "
+                  "over seeds [min, max]. At 2 replicas the real burst's medians stand beside it.", "",
+                  "| replicas | policy | mean JCT s | mean JCT | short p99 | p99 JCT | real: mean JCT | real: short p99 |",
+                  "|---|---|---|---|---|---|---|---|"]
+        real_changes = (real or {}).get("changes_vs_ray_default", {})
+        for size, by_policy in simulated.items():
+            for policy, m in by_policy.items():
+                cells = [f"{_pct(m[f'{k}_change'])} [{_pct(m[f'{k}_change_range'][0])}, {_pct(m[f'{k}_change_range'][1])}]"
+                         if policy != "ray_default" else "-" for k in ("mean_jct_s", "short_p99_jct_s", "p99_jct_s")]
+                rc = real_changes.get(policy, {}) if size == "2" else {}
+                real_cells = [_pct(rc[k]["median"]) if rc.get(k) else "-" for k in ("mean_jct_s", "short_p99_jct_s")]
+                lines.append(f"| {size} | {policy} | {m['mean_jct_s']:.1f} | " + " | ".join(cells + real_cells) + " |")
+        lines.append("")
     sharegpt = bursts.get("sharegpt")
     if sharegpt:
         lines += ["## A burst of held-out ShareGPT prompts", "",

@@ -13,6 +13,8 @@ they are how the router's defaults were chosen, and they keep only what beats Ra
 
 from __future__ import annotations
 
+import numpy as np
+
 from benchmarks.simulator.scale import SimJob, replica_capacity_rps, simulate_jobs
 from benchmarks.simulator.setup import Setup
 
@@ -96,4 +98,49 @@ def merge(old: dict, new: dict) -> dict:
     for size, by_w in new.items():
         for workload, by_policy in by_w.items():
             out.setdefault(size, {}).setdefault(workload, {}).update(by_policy)
+    return out
+
+
+BURST_REPLICAS = (2, 4, 10, 100)
+BURST_POLICIES = ("ray_default", "last_work", "ceiling", "oracle_work")
+BURST_PER_SLOT = 4  # a burst of 4x the slots, as the real one (128 onto 32)
+BURST_METRICS = ("mean_jct_s", "p50_jct_s", "p99_jct_s", "short_p99_jct_s", "mean_ttft_s", "throughput_tok_s")
+
+
+def _burst_one(args) -> tuple[tuple, dict]:
+    from benchmarks.replay.metrics import summarise
+    from benchmarks.replay.trace import build_trace
+    from benchmarks.simulator.experiment import run
+
+    setup, replicas, policy, seed = args
+    slots = replicas * setup.config.pools[0].deployment.get("max_ongoing_requests", 16)
+    trace = build_trace(split=("val", "test"), n=BURST_PER_SLOT * slots, arrival="poisson", rate=1.0, seed=seed,
+                        max_tokens=1024)
+    trace = [r.model_copy(update={"arrival_s": 0.0}) for r in trace]
+    summary = summarise(run(setup, trace, policy, replicas, "open", sizing="single", seed=seed,
+                            bounded_queue=False).records, 8)
+    return (replicas, policy, seed), {k: summary[k] for k in BURST_METRICS}
+
+
+def bursts(setup: Setup, replicas=BURST_REPLICAS, policies=BURST_POLICIES, seeds: int = 10, workers: int = 2) -> dict:
+    """{"<replicas>": {"<policy>": {metric: mean over seeds, "<metric>_range": [min, max]}}}: a burst
+    of 4x the slots of the dataset's val and test prompts, each seed its own draw."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from tqdm import tqdm
+
+    jobs = [(setup, r, p, s) for r in replicas for p in policies for s in range(seeds)]
+    by_cell: dict = {}
+    with ProcessPoolExecutor(workers) as pool:
+        for (r, p, s), m in tqdm(pool.map(_burst_one, jobs), total=len(jobs), desc="bursts"):
+            by_cell.setdefault((r, p), {})[s] = m
+    out: dict = {}
+    for (r, p), per_seed in by_cell.items():
+        cell = {k: float(np.mean([m[k] for m in per_seed.values()])) for k in BURST_METRICS}
+        base = by_cell[(r, "ray_default")]
+        for k in ("mean_jct_s", "short_p99_jct_s", "p99_jct_s"):  # change against FIFO, seed by seed
+            changes = [per_seed[s][k] / base[s][k] - 1 for s in per_seed]
+            cell[f"{k}_change"] = float(np.median(changes))
+            cell[f"{k}_change_range"] = [float(min(changes)), float(max(changes))]
+        out.setdefault(str(r), {})[p] = cell
     return out

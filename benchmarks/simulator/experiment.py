@@ -54,6 +54,9 @@ def run(setup: Setup, trace: list[TraceRequest], policy: str, replicas: int, mod
     head = head_for(policy)
     workload = build_workload(trace, policy, setup.predictions[head], setup.head_bins[head], scheduler.pools,
                               setup.max_prompt_tokens, known_lengths(trace, policy, noise, seed))
+    if mode not in ROLLOUTS:  # the router sees a request after the hops before it
+        for request in workload.requests:
+            request.arrival += setup.delay_in_s
     if mode in ROLLOUTS:
         if POLICIES[policy].head is None:  # a length-blind rollout predicts nothing: its plan keeps the batch order
             for request in workload.requests:
@@ -61,6 +64,8 @@ def run(setup: Setup, trace: list[TraceRequest], policy: str, replicas: int, mod
         outcome = simulate_rollout(workload, mode, spec, setup.limits, setup.model, batch_size, siblings, seed)
     else:
         outcome = simulate(workload, scheduler, spec, setup.limits, setup.model, setup.config.model.max_model_len, seed)
+        outcome.first_token += setup.delay_out_s  # as the client sees them
+        outcome.finish += setup.delay_out_s
     return SimRun(_records(trace, workload, outcome, policy, mode, load_rps),
                   {pool: q.stats for pool, q in scheduler.queues.items()}, outcome.replica)
 

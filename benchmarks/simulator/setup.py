@@ -44,6 +44,11 @@ class Setup:
     plan: RoutingPlan  # the stack's plan over the length pools (their edges from the default head)
     predictions: dict[str, dict[str, LengthPrediction]]  # head -> prompt_id -> prediction
     calibration: dict
+    # The hops the deployed path adds before the router sees a request and after the engine
+    # emits a token (benchmarks.simulator.validation measures them; 0: the engines alone).
+    delay_in_s: float = 0.0
+    delay_out_s: float = 0.0
+    validated: bool = False  # the step-time model carries the validation's fitted factors
 
     @property
     def pools(self) -> list[str]:
@@ -133,6 +138,22 @@ class Setup:
             counts[name] += 1
         return ClusterSpec(pools=names, replicas=counts, max_ongoing_requests=per_replica, mode=mode,
                            batch_size=batch_size, replica_choice=choice)
+
+
+VALIDATION = Path(__file__).resolve().parents[1] / "results" / "simulator_validation.json"
+
+
+def validated_setup(calibration: Path = CALIBRATION, validation: Path = VALIDATION) -> Setup:
+    """The setup with the factors and hops the validation against the real stack fitted (the
+    calibration alone if no validation has run yet)."""
+    from benchmarks.simulator.validation import Fit
+
+    setup = load_setup(calibration)
+    if not validation.exists():
+        return setup
+    fit = Fit(**json.loads(validation.read_text())["fit"])
+    return replace(setup, model=fit.model(setup.model), delay_in_s=fit.delay_in_s, delay_out_s=fit.delay_out_s,
+                   validated=True)
 
 
 def load_setup(calibration: Path = CALIBRATION) -> Setup:

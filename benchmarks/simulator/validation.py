@@ -108,11 +108,11 @@ def simulated(run: Run, setup: Setup, fit: Fit, replicas: int, per_replica: int)
                        replica_choice=run.choice)
     model = fit.model(setup.model)
     workload = run.workload(fit.delay_in_s if run.kind == "online" else 0.0)
-    if run.kind == "online":
-        scheduler = setup.scheduler(run.policy, spec, bounded=False)
-        out = simulate(workload, scheduler, spec, setup.limits, model, setup.config.model.max_model_len)
-    else:
+    if run.kind != "online":  # a rollout's times are the router's own, from the batch's start
         out = simulate_rollout(workload, run.kind, spec, setup.limits, model)
+        return out.first_token, out.finish
+    scheduler = setup.scheduler(run.policy, spec, bounded=False)
+    out = simulate(workload, scheduler, spec, setup.limits, model, setup.config.model.max_model_len)
     return out.first_token + fit.delay_out_s, out.finish + fit.delay_out_s
 
 
