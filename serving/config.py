@@ -180,7 +180,7 @@ class OnlineSpec(_Strict):
 
 
 class QueueSpec(_Strict):
-    """The router's admission queue per pool (router.admission): where requests wait for a slot."""
+    """The router's admission queue per pool (scheduling.admission): where requests wait for a slot."""
 
     max_waiting_per_slot: float = Field(
         4.0, gt=0, description="a pool's queue holds this many waiting requests per slot (max_ongoing_requests "
@@ -202,7 +202,7 @@ class QueueSpec(_Strict):
 
 
 class LiveQualitySpec(_Strict):
-    """When the router stops trusting the predictor (router.live_quality)."""
+    """When the router stops trusting the predictor (serving.live_quality)."""
 
     window: int = Field(200, gt=1, description="completed requests scored")
     floor: float = Field(0.55, ge=0, le=1, description="rank concordance below which the router goes length-blind")
@@ -211,7 +211,7 @@ class LiveQualitySpec(_Strict):
 
 
 class RequestLimits(_Strict):
-    """What one request may ask for (router.validation): beyond these, 400."""
+    """What one request may ask for (api.validation): beyond these, 400."""
 
     max_n: int = Field(8, gt=0, description="completions per request (`n`): one client must not hold an engine")
     max_prompts: int = Field(16, gt=0, description="prompts in one /v1/completions call")
@@ -223,7 +223,7 @@ class RequestLimits(_Strict):
 
 
 class AuthSpec(_Strict):
-    """API keys come from the environment (router.auth), never from this file."""
+    """API keys come from the environment (api.auth), never from this file."""
 
     protect_health: bool = Field(False, description="require an API key for /health too")
 
