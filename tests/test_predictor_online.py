@@ -233,7 +233,7 @@ def test_a_refit_worse_on_the_heldout_rows_is_not_installed(tmp_path):
     weak = lr.refit()  # one epoch on 120 rows
     assert not lr.consider(weak)
     decision = lr.last_decision
-    assert decision["candidate"]["mae"] > decision["current"]["mae"] and lr.current()[0] == 0
+    assert decision["candidate"]["mae_recent"] > decision["current"]["mae_recent"] and lr.current()[0] == 0
     assert not (tmp_path / "online" / POINTER).exists()
 
 
@@ -272,6 +272,49 @@ def test_ready_to_refit_waits_for_samples_new_labels_and_time(tmp_path):
     assert not RefitPolicy().due(samples=5000, new_labels=199, seconds_since_last=1e9)
 
 
+def _predicting(tokens: float) -> tuple[LengthHead, CheckpointMeta]:
+    """A head that predicts the bin of `tokens` for every input."""
+    head, meta = _constant_head(1)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.zero_()
+        head.members[0][-1].bias[meta.bins.index(torch.tensor([tokens]))] = 30.0
+    return head, meta
+
+
+def test_heads_are_compared_on_recent_heldout_rows_when_the_traffic_shifts(tmp_path):
+    from predictor.online.quality import evaluate
+
+    old, new = _predicting(100), _predicting(900)
+    decisions = {}
+    for half_life in (5, None):
+        lr = learner(tmp_path / str(half_life), base_head=old, heldout_share=1.0, recency_half_life=half_life)
+        for i in range(70):  # 60 short requests, then the traffic turns long
+            lr.add_features(f"r{i}", torch.randn(D), 30)
+            lr.add_label(f"r{i}", 100 if i < 60 else 900, False)
+        data = lr.snapshot()
+        weight = {o.key: w for o, w in zip(lr.reservoir.observations(), data.weight.tolist())}
+        assert weight["r69"] == 1 and weight["r64"] == pytest.approx(1 if half_life is None else 0.5)
+        held = HeldOut(data.x, data.tokens, data.censored, data.weight)
+        quality = evaluate(new[0], lr.bins, held.x, held.tokens, held.censored, held.weight)
+        decisions[half_life] = lr.consider(Candidate(*new, held, quality, 0.0))
+    assert decisions == {5: True, None: False}
+
+
+def test_a_request_cut_at_the_cap_trains_as_exact_and_one_cut_below_it_as_censored(tmp_path):
+    for cap_as_exact in (True, False):
+        lr = learner(tmp_path / str(cap_as_exact), cap_as_exact=cap_as_exact)
+        for i, (tokens, cut) in enumerate([(1024, True), (2048, True), (300, True), (1024, False)]):
+            lr.add_features(f"r{i}", torch.randn(D), 30)
+            lr.add_label(f"r{i}", tokens, cut)
+        data = lr.snapshot()
+        order = [int(o.key[1:]) for o in lr.reservoir.observations()]
+        by_request = {r: (t, c) for r, t, c in zip(order, data.tokens.tolist(), data.censored.tolist())}
+        expected = {0: (1024, not cap_as_exact), 1: (1024 if cap_as_exact else 2048, not cap_as_exact), 2: (300, True),
+                    3: (1024, False)}
+        assert by_request == expected
+
+
 def _constant_head(version: int) -> tuple[LengthHead, CheckpointMeta]:
     """A head whose every parameter is its version: a mix of two versions shows at once."""
     bins = online_bins()
@@ -292,7 +335,7 @@ def _whole(version: int, head: LengthHead, meta: CheckpointMeta) -> bool:
 
 def test_readers_never_see_a_mixed_or_partial_head_while_versions_are_swapped(tmp_path):
     lr = learner(tmp_path, floor=0.0)
-    rows = HeldOut(torch.randn(20, D), torch.arange(20.0) * 10 + 5, torch.zeros(20, dtype=torch.bool))
+    rows = HeldOut(torch.randn(20, D), torch.arange(20.0) * 10 + 5, torch.zeros(20, dtype=torch.bool), torch.ones(20))
     seen, bad, stop = [], [], threading.Event()
 
     def in_process():
@@ -323,7 +366,8 @@ def test_readers_never_see_a_mixed_or_partial_head_while_versions_are_swapped(tm
     for v in range(1, 16):
         head, meta = _constant_head(v)
         # A candidate that claims to beat anything, so that every one is installed.
-        assert lr.consider(Candidate(head, meta, rows, {"mae": -float(v), "concordance": 1.0, "scored": 20}, 0.0))
+        claim = {"mae": -float(v), "mae_recent": -float(v), "concordance": 1.0, "scored": 20}
+        assert lr.consider(Candidate(head, meta, rows, claim, 0.0))
         time.sleep(0.02)
     time.sleep(0.1)
     stop.set()
@@ -351,4 +395,4 @@ def test_a_background_refit_runs_in_a_low_priority_child_with_one_torch_thread(t
         with pytest.raises(RuntimeError):
             background.submit(lr.snapshot())
         candidate = future.result(timeout=300)
-    assert candidate.quality["concordance"] > 0.8 and lr.consider(candidate) and lr.current()[0] == 1
+    assert candidate.quality["concordance"] > 0.7 and lr.consider(candidate) and lr.current()[0] == 1
