@@ -81,18 +81,34 @@ def markdown(result: dict) -> str:
                   f"leave-one-out {_f(curve['noise_floor_traffic_weighted']['leave_one_out'])}.", "",
                   *_curve_table(curve["points"]), "", "![learning curve](online_learning_curve.png)", ""]
     if drift:
+        by_scenario = (curve or {}).get("offline_cv_mae_by_scenario", {})
         lines += ["## Drift", "",
                   "All of one scenario's traffic first (refit every "
                   f"{settings.get('drift_warmup_every')} requests), then only the other's; after each checkpoint "
                   "the learner refits and the served head is scored on the next "
-                  f"{settings.get('window')} requests of the new traffic. Steady value: mean of the last "
+                  f"{settings.get('drift_window')} requests of the new traffic. Steady value: mean of the last "
                   "checkpoints after the switch.", ""]
         for name, d in drift.items():
+            new = name.split("_to_")[-1]
             lines += [f"### {name.replace('_', ' ')}", "",
                       f"Steady MAE before the switch (old traffic) {_f(d.get('steady_before'))}, after it (new "
-                      f"traffic, from {d.get('steady_from')}) {_f(d.get('steady_mae'))}.", "",
+                      f"traffic, from {d.get('steady_from')}) {_f(d.get('steady_mae'))}; the offline head's CV MAE "
+                      f"on {new} is {_f(by_scenario.get(new))}.", "",
                       *_curve_table(d["points"]), ""]
         lines += ["![drift](online_drift.png)", ""]
+    ablations = result.get("ablation")
+    if ablations:
+        sizes = list(next(iter(ablations.values())))
+        lines += ["## Design choices", "",
+                  "Candidates of learner variants trained on the first N requests of an arrival order and scored on "
+                  "its last 800 requests (the same rows for every variant and N; mean of 2 seeds): MAE / "
+                  "concordance.", "",
+                  "| variant | " + " | ".join(f"N = {int(n):,}" for n in sizes) + " |",
+                  "|---|" + "---|" * len(sizes)]
+        for name, by_size in ablations.items():
+            lines.append(f"| {name} | " + " | ".join(
+                f"{_f(by_size[n]['mae'])} / {_f(by_size[n]['concordance'], 3)}" for n in sizes) + " |")
+        lines.append("")
     extraction = result.get("feature_extraction")
     if extraction:
         lines += ["## Cost", "",
@@ -102,7 +118,9 @@ def markdown(result: dict) -> str:
     timing = result.get("refit_seconds")
     if timing:
         lines += ["", "Refit time on one thread (fit_candidate, the learner's recipe), by reservoir size: " +
-                  ", ".join(f"{int(n):,} samples {_f(s)} s" for n, s in timing.items()) + "."]
+                  ", ".join(f"{int(n):,} samples {_f(s)} s" for n, s in timing.items()) +
+                  f" (the last: a full reservoir of {settings.get('capacity', 0):,}). Whole replay: "
+                  f"{_f(result.get('run_minutes'))} min."]
     notes = result.get("notes")
     if notes:
         lines += ["", "## Notes", "", *[f"- {n}" for n in notes]]

@@ -169,3 +169,25 @@ def aggregate(runs: dict[int, list[dict]]) -> list[dict]:
             point["scenario_avg_mae"] = mean(per.values())
         out.append(point)
     return out
+
+
+def ablation(requests: list[Request], variants: dict[str, Callable[[Path, list[Request]], OnlineLearner]],
+             seeds: list[int], sizes: list[int], evaluation: int, max_tokens: int) -> dict:
+    """Candidates of learner variants (made from a state directory and the requests they will see)
+    trained on the first `size` requests of each arrival order and scored on its last `evaluation`
+    requests (the same rows for every size and variant, so their differences are not window
+    noise). Means over seeds."""
+    runs: dict[str, dict[int, list[dict]]] = {name: {n: [] for n in sizes} for name in variants}
+    for seed in tqdm(seeds, desc="ablation"):
+        stream = arrival_order(requests, seed)
+        held_back = boundary(stream, len(stream) - evaluation)
+        for name, make in variants.items():
+            for n in sizes:
+                seen = stream[:boundary(stream, min(n, held_back))]
+                with tempfile.TemporaryDirectory() as tmp:
+                    learner = make(Path(tmp), seen)
+                    feed(learner, seen, max_tokens)
+                    candidate = learner.refit()
+                    runs[name][n].append(score(candidate.head, learner, stream[held_back:], max_tokens))
+    return {name: {str(n): {key: mean(r[key] for r in rows) for key in ("mae", "concordance")}
+                   for n, rows in by_size.items()} for name, by_size in runs.items()}
