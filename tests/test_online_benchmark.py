@@ -64,12 +64,14 @@ def test_learning_curve_points_are_scored_on_unseen_requests_with_censored_label
     json.dumps(result)  # the JSON part
 
 
-def test_drift_reports_recovery_on_the_new_traffic():
-    requests = synthetic(120)
-    result = drift(requests, "chat", "rl", make, [0], 40, [0, 20, 40, 60, 80], 40, 1024, steady_points=2)
-    assert [p["observed"] for p in result["points"]] == [0, 20, 40, 60, 80][:len(result["points"])]
+def test_drift_scores_every_checkpoint_on_the_same_held_back_new_requests():
+    requests = synthetic(120)  # 80 chat requests, 40 rl prompts x 4 = 160 rl requests
+    result = drift(requests, "chat", "rl", make, [0], 40, [0, 20, 40, 80, 120, 200], 40, 1024, steady_points=2)
+    run = result["seeds"]["0"]
+    assert [p["observed"] for p in result["points"]] == [0, 20, 40, 80, 120]  # 120 of 160 rl requests streamed
+    assert run["scored_on"] == 40 and run["before"]  # the old traffic was learned and scored first
+    assert run["after"][-1]["samples"] == 80 + run["after"][-1]["observed_exactly"]
     assert result["steady_mae"] is not None and "recovered_after" in result
-    assert result["seeds"]["0"]["before"]  # the old traffic was learned and scored first
 
 
 def test_recovery_needs_the_mae_to_stay_within_tolerance():

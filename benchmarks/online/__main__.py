@@ -24,7 +24,7 @@ from benchmarks.online import report
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 CHECKPOINTS = [50, 100, 200, 300, 500, 1000, 1500, 2000, 2500, 3000]
-DRIFT_CHECKPOINTS = [0, 25, 50, 100, 150, 200, 300, 400, 500, 600, 800, 1000, 1200]
+DRIFT_CHECKPOINTS = [0, 25, 50, 100, 150, 200, 300, 400, 500, 600, 700, 800, 1000, 1200]
 DRIFTS = {"chat_to_rl": ("chat", "rl"), "rl_to_chat": ("rl", "chat")}
 
 
@@ -117,7 +117,7 @@ def main(argv=None) -> None:
     o.add_argument("--drift-checkpoints", type=int, nargs="+", default=DRIFT_CHECKPOINTS)
     o.add_argument("--warmup-every", type=int, default=400, help="refits while learning the traffic before a switch")
     o.add_argument("--window", type=int, default=500, help="requests each refit is scored on (learning curve)")
-    o.add_argument("--drift-window", type=int, default=300, help="the same after a switch (less new traffic)")
+    o.add_argument("--drift-window", type=int, default=300, help="the same before a drift's switch")
     o.add_argument("--half-life", type=float, default=300.0, help="recency half-life of the install rule")
     o.add_argument("--capacity", type=int, default=4096)
     o.add_argument("--floor", type=float, default=0.55)

@@ -84,10 +84,12 @@ def markdown(result: dict) -> str:
         by_scenario = (curve or {}).get("offline_cv_mae_by_scenario", {})
         lines += ["## Drift", "",
                   "All of one scenario's traffic first (refit every "
-                  f"{settings.get('drift_warmup_every')} requests), then only the other's; after each checkpoint "
-                  "the learner refits and the served head is scored on the next "
-                  f"{settings.get('drift_window')} requests of the new traffic. Steady value: mean of the last "
-                  "checkpoints after the switch.", ""]
+                  f"{settings.get('drift_warmup_every')} requests, scored on the next {settings.get('drift_window')} "
+                  "requests of it), then only the other's; after each checkpoint the learner refits and the served "
+                  "head is scored on the same requests of the new traffic, the last quarter of its arrival order, "
+                  "which the learner never sees (windows of the next requests differ in difficulty by more than the "
+                  "10% to be detected). Steady value: mean of the last three checkpoints after the switch; "
+                  "recovered = within 10% of it from then on.", ""]
         for name, d in drift.items():
             new = name.split("_to_")[-1]
             lines += [f"### {name.replace('_', ' ')}", "",
