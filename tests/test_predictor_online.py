@@ -81,7 +81,8 @@ def test_exact_only_training_is_unchanged_by_all_false_flags():
     plain, m1 = fit_head(x, y, xv, yv, bins, LossConfig(), config)
     flagged, m2 = fit_head(x, y, xv, yv, bins, LossConfig(), config,
                            [[False] for _ in y], [[False] for _ in yv])
-    assert m1 == m2 and all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), flagged.state_dict().values()))
+    assert m1 == m2
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), flagged.state_dict().values()))
     assert torch.equal(plain.cdf_map, flagged.cdf_map)
 
 
@@ -227,7 +228,8 @@ def test_a_refit_worse_on_the_heldout_rows_is_not_installed(tmp_path):
     good = learner(tmp_path / "offline")
     feed(good, traffic(1500, seed=1))
     offline = good.refit()
-    lr = learner(tmp_path / "online", base_head=(offline.head, offline.meta), fit=FitConfig(members=1, epochs=1, hidden=16))
+    lr = learner(tmp_path / "online", base_head=(offline.head, offline.meta),
+                 fit=FitConfig(members=1, epochs=1, hidden=16))
     assert lr.current()[0] == 0 and lr.bins == offline.meta.bins
     feed(lr, traffic(150, seed=2))
     weak = lr.refit()  # one epoch on 120 rows
@@ -247,7 +249,8 @@ def test_a_new_learner_over_the_same_directory_resumes_reservoir_version_and_hea
     again = learner(tmp_path, capacity=200)
     assert [(o.key, o.tokens, o.censored, o.prompt_tokens) for o in again.reservoir.observations()] == \
         [(o.key, o.tokens, o.censored, o.prompt_tokens) for o in lr.reservoir.observations()]
-    assert all(torch.equal(a.vector, b.vector) for a, b in zip(again.reservoir.observations(), lr.reservoir.observations()))
+    pairs = zip(again.reservoir.observations(), lr.reservoir.observations())
+    assert all(torch.equal(a.vector, b.vector) for a, b in pairs)
     assert again.reservoir.offered == 300 and again.counters == lr.counters and again.quality == lr.quality
     assert again.current()[0] == lr.current()[0] == 1 and again.bins == lr.bins
     x = torch.randn(5, D)
@@ -258,6 +261,11 @@ def test_a_new_learner_over_the_same_directory_resumes_reservoir_version_and_hea
     assert [o.key for o in again.reservoir.observations()] == [o.key for o in lr.reservoir.observations()]
     with pytest.raises(ValueError):
         learner(tmp_path, bins=LengthBins.log_spaced(10))  # bins are fixed for the learner's life
+
+
+def test_the_serving_head_and_the_learner_share_bins(tmp_path):
+    with pytest.raises(ValueError):
+        learner(tmp_path, base_head=_predicting(100), bins=LengthBins.log_spaced(10))
 
 
 def test_ready_to_refit_waits_for_samples_new_labels_and_time(tmp_path):

@@ -83,10 +83,10 @@ def _offline(args) -> dict:
                 "recipe": f"last_ens5 (members {fit.members})", "bins": "log-spaced with a spike bin at the cap",
                 "bin_edges": online_bins(max_tokens).edges, "heldout_share": args.heldout_share,
                 "drift_warmup_every": args.warmup_every, "max_tokens": max_tokens}
+    refit_seconds = {str(round(p["samples"])): p["refit_seconds"] for p in curve["points"]}
+    refit_seconds[str(args.capacity)] = refit_at_capacity(make_learner, requests, args.capacity, max_tokens)
     parts = {"learning_curve": curve, "drift": drifts, "ablation": ablations, "settings": settings,
-             "refit_seconds": {**{str(round(p["samples"])): p["refit_seconds"] for p in curve["points"]},
-                               str(args.capacity): refit_at_capacity(make_learner, requests, args.capacity, max_tokens)},
-             "run_minutes": (time.perf_counter() - start) / 60}
+             "refit_seconds": refit_seconds, "run_minutes": (time.perf_counter() - start) / 60}
     if extraction["extracted"]:
         parts["feature_extraction"] = extraction
     return parts_file.update(args.out, "online", report.markdown, report.plot, **parts)

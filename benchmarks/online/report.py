@@ -66,6 +66,7 @@ def markdown(result: dict) -> str:
              "`python -m benchmarks.online report` rebuilds this file from online.json.", ""]
     if curve:
         lines += ["## Targets", "", *target_lines(curve), *(drift_lines(drift) if drift else []), ""]
+        floor = curve["noise_floor_traffic_weighted"]
         lines += ["## Learning curve", "",
                   f"The whole dataset replayed in {len(curve['seeds'])} seeded arrival orders (prompts shuffled, a "
                   "prompt's samples together), samples that hit max_tokens given to the learner as censored labels. "
@@ -77,8 +78,8 @@ def markdown(result: dict) -> str:
                   f"Offline reference (`last_ens5`, 5-fold CV, benchmarks/results/predictor_accuracy.json): "
                   f"{_f(curve['offline_cv_mae'])} averaged over scenarios, "
                   f"{_f(curve['offline_cv_mae_traffic_weighted'])} weighted by the dataset's traffic mix. Noise floors "
-                  f"(forelen_dataset.json, same mix): in-sample {_f(curve['noise_floor_traffic_weighted']['in_sample'])}, "
-                  f"leave-one-out {_f(curve['noise_floor_traffic_weighted']['leave_one_out'])}.", "",
+                  f"(forelen_dataset.json, same mix): in-sample {_f(floor['in_sample'])}, "
+                  f"leave-one-out {_f(floor['leave_one_out'])}.", "",
                   *_curve_table(curve["points"]), "", "![learning curve](online_learning_curve.png)", ""]
     if drift:
         by_scenario = (curve or {}).get("offline_cv_mae_by_scenario", {})
@@ -116,7 +117,8 @@ def markdown(result: dict) -> str:
         lines += ["## Cost", "",
                   f"Features: {extraction['extracted']:,} of {extraction['prompts']:,} prompts were missing from the "
                   f"shared cache and extracted on {extraction['threads']} thread in {_f(extraction['seconds'] / 60)} "
-                  f"min ({extraction.get('tokens', 0):,} prompt tokens, all prefill features as the cache stores them)."]
+                  f"min ({extraction.get('tokens', 0):,} prompt tokens; the cache keeps all prefill features, not "
+                  "only the last token's)."]
     timing = result.get("refit_seconds")
     if timing:
         lines += ["", "Refit time on one thread (fit_candidate, the learner's recipe), by reservoir size: " +
@@ -144,7 +146,8 @@ def plot(result: dict, out: Path) -> None:
             ax_mae.plot(x, [p.get(key) for p in pts], marker="o", label=f"online, {label}")
         ax_mae.fill_between(x, [p["mae_range"][0] for p in pts], [p["mae_range"][1] for p in pts], alpha=0.2,
                             label="seed range")
-        ax_mae.axhline(curve["offline_cv_mae_traffic_weighted"], color="k", ls="--", label="offline CV, traffic-weighted")
+        ax_mae.axhline(curve["offline_cv_mae_traffic_weighted"], color="k", ls="--",
+                       label="offline CV, traffic-weighted")
         ax_mae.axhline(curve["offline_cv_mae"], color="k", ls=":", label="offline CV, scenario-averaged")
         floor = curve["noise_floor_traffic_weighted"]
         ax_mae.axhspan(floor["in_sample"], floor["leave_one_out"], color="grey", alpha=0.15, label="noise floor")

@@ -153,7 +153,8 @@ def recovery(points: list[dict], steady_points: int, tolerance: float) -> dict:
     within = [p["mae"] is not None and p["mae"] <= (1 + tolerance) * steady for p in points]
     stays = next((i for i in range(len(points)) if all(within[i:])), None)
     first = next((i for i in range(len(points)) if within[i]), None)
-    return {"steady_mae": steady, "tolerance": tolerance, "steady_from": [p["observed"] for p in points[-steady_points:]],
+    return {"steady_mae": steady, "tolerance": tolerance,
+            "steady_from": [p["observed"] for p in points[-steady_points:]],
             "recovered_after": None if stays is None else points[stays]["observed"],
             "first_within": None if first is None else points[first]["observed"]}
 

@@ -127,6 +127,9 @@ class OnlineLearner:
         self.last_decision: dict = {}
         self.reservoir = StratifiedReservoir(capacity, seed)
         self._resume(bins)
+        if self._current and self._current[2].bins != self.bins:
+            raise ValueError(f"version {self._current[0]} predicts over other bins than the learner's; "
+                             "a head is only compared with candidates on the same bins")
 
     # --- traffic ------------------------------------------------------------------------------
 
@@ -170,7 +173,8 @@ class OnlineLearner:
     # --- refits -------------------------------------------------------------------------------
 
     def ready_to_refit(self, now: float | None = None) -> bool:
-        since = float("inf") if self.last_refit_at is None else (time.time() if now is None else now) - self.last_refit_at
+        now = time.time() if now is None else now
+        since = float("inf") if self.last_refit_at is None else now - self.last_refit_at
         with self._lock:
             return self.policy.due(len(self.reservoir), self.counters["new_labels"], since)
 
@@ -186,10 +190,11 @@ class OnlineLearner:
                 at_cap = censored & (tokens >= self.bins.max_tokens)
                 tokens, censored = torch.where(at_cap, float(self.bins.max_tokens), tokens), censored & ~at_cap
             age = torch.tensor([self.reservoir.offered - 1 - o.seq for o in rows], dtype=torch.float32)
+            half_life = self.recency_half_life
             data = RefitData(
                 x=torch.stack([o.vector for o in rows]), tokens=tokens, censored=censored,
                 heldout=torch.tensor([is_heldout(o.key, self.heldout_share) for o in rows]),
-                weight=torch.ones_like(age) if self.recency_half_life is None else 0.5 ** (age / self.recency_half_life),
+                weight=torch.ones_like(age) if half_life is None else 0.5 ** (age / half_life),
                 bins=self.bins, loss=self.loss, fit=self.fit, model_id=self.model_id, model_hash=self.model_hash,
                 pooling=self.pooling, observed=self.reservoir.offered)
             self.counters["new_labels"] = 0
@@ -220,7 +225,8 @@ class OnlineLearner:
                     and (mine["concordance"] or 0) > (theirs["concordance"] or 0))
             if install:
                 version = (current[0] if current else 0) + 1
-                meta = candidate.meta.model_copy(update={"metrics": {**candidate.meta.metrics, "version": float(version)}})
+                metrics = {**candidate.meta.metrics, "version": float(version)}
+                meta = candidate.meta.model_copy(update={"metrics": metrics})
                 publish_head(self.state_dir, version, candidate.head, meta)
                 self._current = (version, candidate.head, meta)
             with self._lock:
