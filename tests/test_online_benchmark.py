@@ -105,10 +105,10 @@ def test_report_renders_targets_tables_and_plots(tmp_path):
     result = {"learning_curve": curve, "drift": dr, "settings": {"window": 40, "capacity": 100},
               "feature_extraction": {"prompts": 9, "extracted": 9, "seconds": 120.0, "threads": 1, "tokens": 99},
               "refit_seconds": {"100": 1.5}, "run_minutes": 3.0,
-              "ablation": {"default": {"300": {"mae": 200.0, "concordance": 0.7}}}}
+              "ablation": {"default": {"300": {"mae": 200.0, "concordance": 0.7}}}, "notes": ["why it missed"]}
     md = report.markdown(result)
     assert "After 300 requests" in md and "After 1,000 requests" in md and "chat to rl" in md
-    assert "CV MAE on rl is 140.0" in md and "| default | 200.0 / 0.700 |" in md
+    assert "CV MAE on rl is 140.0" in md and "| default | 200.0 / 0.700 |" in md and "- why it missed" in md
     assert "met (target 300)" in md and "never stayed within 10%" in md and "2.0 min" in md
     report.plot(result, tmp_path)
     assert (tmp_path / "online_learning_curve.png").stat().st_size > 0 and (tmp_path / "online_drift.png").exists()

@@ -2,7 +2,8 @@
 
   offline  replay the dataset through predictor.online's learner: learning curve and drift
            (features from the shared cache, extracted once on one thread if missing)
-  report   rebuild online.{md,png} from online.json
+  report   rebuild online.{md,png} from online.json; --note TEXT (repeatable) sets the reading of
+           the figures that the report prints (a rerun of offline clears it: the figures changed)
 
 Each command replaces its own part of benchmarks/results/online.json (the live-stack part,
 "real", is another command's) and rewrites the report.
@@ -86,7 +87,7 @@ def _offline(args) -> dict:
     refit_seconds = {str(round(p["samples"])): p["refit_seconds"] for p in curve["points"]}
     refit_seconds[str(args.capacity)] = refit_at_capacity(make_learner, requests, args.capacity, max_tokens)
     parts = {"learning_curve": curve, "drift": drifts, "ablation": ablations, "settings": settings,
-             "refit_seconds": refit_seconds, "run_minutes": (time.perf_counter() - start) / 60}
+             "refit_seconds": refit_seconds, "run_minutes": (time.perf_counter() - start) / 60, "notes": []}
     if extraction["extracted"]:
         parts["feature_extraction"] = extraction
     return parts_file.update(args.out, "online", report.markdown, report.plot, **parts)
@@ -124,10 +125,13 @@ def main(argv=None) -> None:
     o.add_argument("--heldout-share", type=float, default=0.2)
     o.add_argument("--members", type=int, help="ensemble size (default: last_ens5's)")
     r = sub.add_parser("report")
+    r.add_argument("--note", action="append", help="a line of the report's reading of the figures")
     for sp in (o, r):
         sp.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-    if args.command == "report":
+    if args.command == "report" and args.note:
+        parts_file.update(args.out, "online", report.markdown, report.plot, notes=args.note)
+    elif args.command == "report":
         parts_file.write(args.out, "online", parts_file.load(args.out, "online"), report.markdown, report.plot)
     else:
         _offline(args)

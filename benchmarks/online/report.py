@@ -66,6 +66,8 @@ def markdown(result: dict) -> str:
              "`python -m benchmarks.online report` rebuilds this file from online.json.", ""]
     if curve:
         lines += ["## Targets", "", *target_lines(curve), *(drift_lines(drift) if drift else []), ""]
+        if result.get("notes"):
+            lines += ["## Reading", "", *[f"- {n}" for n in result["notes"]], ""]
         floor = curve["noise_floor_traffic_weighted"]
         lines += ["## Learning curve", "",
                   f"The whole dataset replayed in {len(curve['seeds'])} seeded arrival orders (prompts shuffled, a "
@@ -125,9 +127,6 @@ def markdown(result: dict) -> str:
                   ", ".join(f"{int(n):,} samples {_f(s)} s" for n, s in timing.items()) +
                   f" (the last: a full reservoir of {settings.get('capacity', 0):,}). Whole replay: "
                   f"{_f(result.get('run_minutes'))} min."]
-    notes = result.get("notes")
-    if notes:
-        lines += ["", "## Notes", "", *[f"- {n}" for n in notes]]
     return "\n".join(lines) + "\n"
 
 
