@@ -104,10 +104,12 @@ def test_report_renders_targets_tables_and_plots(tmp_path):
     curve["offline_cv_mae_by_scenario"] = {"chat": 290.0, "rl": 140.0}
     result = {"learning_curve": curve, "drift": dr, "settings": {"window": 40, "capacity": 100},
               "feature_extraction": {"prompts": 9, "extracted": 9, "seconds": 120.0, "threads": 1, "tokens": 99},
-              "refit_seconds": {"100": 1.5}, "run_minutes": 3.0,
+              "refit_seconds": {"100": 1.5}, "run_minutes": {"learning_curve": 3.0},
+              "recency": {"chat_to_rl": {**dr["chat_to_rl"], "recovered_after": 400}},
               "ablation": {"default": {"300": {"mae": 200.0, "concordance": 0.7}}}, "notes": ["why it missed"]}
     md = report.markdown(result)
     assert "After 300 requests" in md and "After 1,000 requests" in md and "chat to rl" in md
+    assert "recovered after 400 requests" in md and "learning curve 3.0 min" in md
     assert "CV MAE on rl is 140.0" in md and "| default | 200.0 / 0.700 |" in md and "- why it missed" in md
     assert "met (target 300)" in md and "never stayed within 10%" in md and "2.0 min" in md
     report.plot(result, tmp_path)

@@ -1,7 +1,9 @@
 """`python -m benchmarks.online <command>`: how well a head learned from served traffic predicts.
 
-  offline  replay the dataset through predictor.online's learner: learning curve and drift
-           (features from the shared cache, extracted once on one thread if missing)
+  offline  replay the dataset through predictor.online's learner: learning curve, drift, the
+           install rule without recency weights ("recency") and an ablation of the learner's
+           design choices; --parts picks some (features from the shared cache, extracted once on
+           one thread if missing)
   report   rebuild online.{md,png} from online.json; --note TEXT (repeatable) sets the reading of
            the figures that the report prints (a rerun of offline clears it: the figures changed)
 
@@ -16,6 +18,7 @@ import json
 import os
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -27,6 +30,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 CHECKPOINTS = [50, 100, 200, 300, 500, 1000, 1500, 2000, 2500, 3000]
 DRIFT_CHECKPOINTS = [0, 25, 50, 100, 150, 200, 300, 400, 500, 600, 700, 800, 1000, 1200]
 DRIFTS = {"chat_to_rl": ("chat", "rl"), "rl_to_chat": ("rl", "chat")}
+PARTS = ("learning_curve", "drift", "recency", "ablation")
 
 
 def references(results: Path, requests) -> dict:
@@ -66,28 +70,38 @@ def _offline(args) -> dict:
             "model_hash": dataset["model_hash"], "max_tokens": max_tokens, "heldout_share": args.heldout_share,
             "recency_half_life": args.half_life, "fit": fit, **changes})
 
-    start = time.perf_counter()
-    curve = learning_curve(requests, make_learner, args.seeds, args.checkpoints, args.window, max_tokens)
-    curve = {**references(args.out, requests), **curve}
-    drifts = {name: drift(requests, before, after, make_learner, args.seeds, args.warmup_every, args.drift_checkpoints,
-                          args.drift_window, max_tokens) for name, (before, after) in DRIFTS.items()}
-    variants = {
-        "default": lambda d, seen: make_learner(d),
-        "survival likelihood at the cap": lambda d, seen: make_learner(d, cap_as_exact=False),
-        "quantile bins of the requests seen": lambda d, seen: make_learner(
-            d, bins=LengthBins.from_lengths([r.tokens for r in seen], k=20, max_tokens=max_tokens)),
-        "plain held-out mean (no recency)": lambda d, seen: make_learner(d, recency_half_life=None),
-    }
-    ablations = ablation(requests, variants, args.seeds[:2], [300, 1000, 3000], 800, max_tokens)
     settings = {"seeds": args.seeds, "window": args.window, "drift_window": args.drift_window,
                 "capacity": args.capacity, "floor": args.floor, "recency_half_life": args.half_life,
                 "recipe": f"last_ens5 (members {fit.members})", "bins": "log-spaced with a spike bin at the cap",
                 "bin_edges": online_bins(max_tokens).edges, "heldout_share": args.heldout_share,
                 "drift_warmup_every": args.warmup_every, "max_tokens": max_tokens}
-    refit_seconds = {str(round(p["samples"])): p["refit_seconds"] for p in curve["points"]}
-    refit_seconds[str(args.capacity)] = refit_at_capacity(make_learner, requests, args.capacity, max_tokens)
-    parts = {"learning_curve": curve, "drift": drifts, "ablation": ablations, "settings": settings,
-             "refit_seconds": refit_seconds, "run_minutes": (time.perf_counter() - start) / 60, "notes": []}
+    parts = {"settings": settings, "notes": []}
+    minutes = parts_file.load(args.out, "online").get("run_minutes", {})
+    for part in args.parts:
+        start = time.perf_counter()
+        if part == "learning_curve":
+            curve = learning_curve(requests, make_learner, args.seeds, args.checkpoints, args.window, max_tokens)
+            parts[part] = {**references(args.out, requests), **curve}
+            seconds = {str(round(p["samples"])): p["refit_seconds"] for p in curve["points"]}
+            seconds[str(args.capacity)] = refit_at_capacity(make_learner, requests, args.capacity, max_tokens)
+            parts["refit_seconds"] = seconds
+        elif part in ("drift", "recency"):
+            plain = part == "recency"  # the install rule without recency weights, on the chat-to-RL switch
+            parts[part] = {name: drift(requests, before, after,
+                                       partial(make_learner, recency_half_life=None) if plain else make_learner,
+                                       args.seeds, args.warmup_every, args.drift_checkpoints, args.drift_window,
+                                       max_tokens)
+                           for name, (before, after) in DRIFTS.items() if not plain or name == "chat_to_rl"}
+        else:
+            variants = {
+                "default": lambda d, seen: make_learner(d),
+                "survival likelihood at the cap": lambda d, seen: make_learner(d, cap_as_exact=False),
+                "quantile bins of the requests seen": lambda d, seen: make_learner(
+                    d, bins=LengthBins.from_lengths([r.tokens for r in seen], k=20, max_tokens=max_tokens)),
+            }
+            parts[part] = ablation(requests, variants, args.seeds[:2], [300, 1000, 3000], 800, max_tokens)
+        minutes[part] = (time.perf_counter() - start) / 60
+    parts["run_minutes"] = minutes
     if extraction["extracted"]:
         parts["feature_extraction"] = extraction
     return parts_file.update(args.out, "online", report.markdown, report.plot, **parts)
@@ -113,6 +127,8 @@ def main(argv=None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     o = sub.add_parser("offline")
+    o.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                   help="which parts to (re)compute; the others stay as they are in online.json")
     o.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     o.add_argument("--checkpoints", type=int, nargs="+", default=CHECKPOINTS)
     o.add_argument("--drift-checkpoints", type=int, nargs="+", default=DRIFT_CHECKPOINTS)

@@ -100,6 +100,19 @@ def markdown(result: dict) -> str:
                       f"traffic, from {d.get('steady_from')}) {_f(d.get('steady_mae'))}; the offline head's CV MAE "
                       f"on {new} is {_f(by_scenario.get(new))}.", "",
                       *_curve_table(d["points"]), ""]
+        plain = result.get("recency", {}).get("chat_to_rl")
+        if plain:
+            weighted = drift["chat_to_rl"]
+            lines += ["### The install rule without recency weights", "",
+                      "The chat-to-RL switch again, with candidates compared on the plain mean of the held-out MAE "
+                      f"instead of the recency-weighted one (half-life {settings.get('recency_half_life')} requests): "
+                      f"recovered after {plain.get('recovered_after')} requests (steady {_f(plain.get('steady_mae'))}) "
+                      f"against {weighted.get('recovered_after')} (steady {_f(weighted.get('steady_mae'))}).", "",
+                      "| after the switch | served MAE, recency-weighted rule | served MAE, plain mean | "
+                      "candidate MAE, plain mean |", "|---|---|---|---|"]
+            for a, b in zip(weighted["points"], plain["points"]):
+                lines.append(f"| {a['observed']:,} | {_f(a['mae'])} | {_f(b['mae'])} | {_f(b['candidate_mae'])} |")
+            lines.append("")
         lines += ["![drift](online_drift.png)", ""]
     ablations = result.get("ablation")
     if ablations:
@@ -125,8 +138,9 @@ def markdown(result: dict) -> str:
     if timing:
         lines += ["", "Refit time on one thread (fit_candidate, the learner's recipe), by reservoir size: " +
                   ", ".join(f"{int(n):,} samples {_f(s)} s" for n, s in timing.items()) +
-                  f" (the last: a full reservoir of {settings.get('capacity', 0):,}). Whole replay: "
-                  f"{_f(result.get('run_minutes'))} min."]
+                  f" (the last: a full reservoir of {settings.get('capacity', 0):,}). Replay time: " +
+                  ", ".join(f"{part.replace('_', ' ')} {_f(m)} min" for part, m in result.get("run_minutes", {}).items())
+                  + "."]
     return "\n".join(lines) + "\n"
 
 
