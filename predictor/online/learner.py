@@ -28,8 +28,8 @@ A request cut at or beyond the head's cap (max_tokens of the bins) trains as an 
 length max_tokens (`cap_as_exact`): the bins end there, so "at least the cap" says exactly "in the
 last bin", which is also how offline training counts a truncated sample and how early stopping and
 the held-out MAE score it. Its survival likelihood (predictor.losses), the other consistent
-reading, outweighs the exact rows' CRPS + SmoothL1 and pulled every prediction up: 5-7% higher
-MAE in the replay. Requests cut below the cap, whose length is unknown within the bins, train by
+reading, outweighs the exact rows' CRPS + SmoothL1 and pulled every prediction up: about 5% higher
+MAE in the replay (benchmarks/results/online.md, design choices). Requests cut below the cap, whose length is unknown within the bins, train by
 their survival likelihood.
 
 Bins are fixed for the learner's life, since a head is only comparable to another on the same
