@@ -30,9 +30,9 @@ def target_lines(curve: dict) -> list[str]:
                 continue
             excess = value / ref - 1
             verdict = "met" if excess <= slack else f"missed by {(excess - slack) * 100:.1f} points"
+            spread = f"; seeds {_f(p['mae_range'][0])}-{_f(p['mae_range'][1])}" if key == "mae" else ""
             lines.append(f"- After {observed:,} requests, {name} MAE within {slack:.0%} of the offline {_f(ref)}: "
-                         f"{verdict} ({_f(value)}, {excess:+.1%}; seeds {_f(p.get('mae_range', [None])[0])}"
-                         f"-{_f(p.get('mae_range', [None, None])[1])} on the traffic-weighted MAE)")
+                         f"{verdict} ({_f(value)}, {excess:+.1%}{spread})")
     return lines
 
 
@@ -177,17 +177,25 @@ def plot(result: dict, out: Path) -> None:
         plt.close(fig)
     if drift:
         fig, axes = plt.subplots(1, len(drift), figsize=(6 * len(drift), 4.2), squeeze=False)
+        by_scenario = (curve or {}).get("offline_cv_mae_by_scenario", {})
         for ax, (name, d) in zip(axes[0], drift.items()):
             pts = [p for p in d["points"] if p["mae"] is not None]
             x = [p["observed"] for p in pts]
             ax.plot(x, [p["mae"] for p in pts], marker="o", label="served head")
+            plain = result.get("recency", {}).get(name)
+            if plain:
+                ax.plot([p["observed"] for p in plain["points"]], [p["mae"] for p in plain["points"]], marker=".",
+                        color="grey", label="served head, plain-mean install rule")
+            if name.split("_to_")[-1] in by_scenario:
+                ax.axhline(by_scenario[name.split("_to_")[-1]], color="purple", ls="-.", label="offline CV")
             ax.fill_between(x, [p["mae_range"][0] for p in pts], [p["mae_range"][1] for p in pts], alpha=0.2)
             if d.get("steady_mae"):
                 ax.axhline(d["steady_mae"], color="k", ls="--", label="steady")
                 ax.axhline(1.1 * d["steady_mae"], color="k", ls=":", label="steady + 10%")
             if d.get("recovered_after") is not None:
                 ax.axvline(d["recovered_after"], color="g", ls=":", label="recovered")
-            ax.set(title=name.replace("_", " "), xlabel="requests after the switch", ylabel="MAE on the next requests")
+            ax.set(title=name.replace("_", " "), xlabel="requests after the switch",
+                   ylabel="MAE on held-back requests of the new traffic")
             ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out / "online_drift.png", dpi=110)
