@@ -8,7 +8,7 @@ import torch
 from benchmarks.online import report
 from benchmarks.online.__main__ import references
 from benchmarks.online.features import Request
-from benchmarks.online.stream import aggregate, arrival_order, boundary, drift, learning_curve, recovery
+from benchmarks.online.stream import ablation, aggregate, arrival_order, boundary, drift, learning_curve, recovery
 from predictor.fit import FitConfig
 from predictor.online import OnlineLearner
 
@@ -64,12 +64,14 @@ def test_learning_curve_points_are_scored_on_unseen_requests_with_censored_label
     json.dumps(result)  # the JSON part
 
 
-def test_drift_reports_recovery_on_the_new_traffic():
-    requests = synthetic(120)
-    result = drift(requests, "chat", "rl", make, [0], 40, [0, 20, 40, 60, 80], 40, 1024, steady_points=2)
-    assert [p["observed"] for p in result["points"]] == [0, 20, 40, 60, 80][:len(result["points"])]
+def test_drift_scores_every_checkpoint_on_the_same_held_back_new_requests():
+    requests = synthetic(120)  # 80 chat requests, 40 rl prompts x 4 = 160 rl requests
+    result = drift(requests, "chat", "rl", make, [0], 40, [0, 20, 40, 80, 120, 200], 40, 1024, steady_points=2)
+    run = result["seeds"]["0"]
+    assert [p["observed"] for p in result["points"]] == [0, 20, 40, 80, 120]  # 120 of 160 rl requests streamed
+    assert run["scored_on"] == 40 and run["before"]  # the old traffic was learned and scored first
+    assert run["after"][-1]["samples"] == 80 + run["after"][-1]["observed_exactly"]
     assert result["steady_mae"] is not None and "recovered_after" in result
-    assert result["seeds"]["0"]["before"]  # the old traffic was learned and scored first
 
 
 def test_recovery_needs_the_mae_to_stay_within_tolerance():
@@ -99,11 +101,16 @@ def test_report_renders_targets_tables_and_plots(tmp_path):
                          "steady_from": [400], "points": curve["points"]},
           "rl_to_chat": {"steady_mae": 100.0, "recovered_after": None, "first_within": None, "steady_before": 90,
                          "steady_from": [400], "points": curve["points"]}}
-    result = {"learning_curve": curve, "drift": dr, "settings": {"window": 40},
+    curve["offline_cv_mae_by_scenario"] = {"chat": 290.0, "rl": 140.0}
+    result = {"learning_curve": curve, "drift": dr, "settings": {"window": 40, "capacity": 100},
               "feature_extraction": {"prompts": 9, "extracted": 9, "seconds": 120.0, "threads": 1, "tokens": 99},
-              "refit_seconds": {"100": 1.5}}
+              "refit_seconds": {"100": 1.5}, "run_minutes": {"learning_curve": 3.0},
+              "recency": {"chat_to_rl": {**dr["chat_to_rl"], "recovered_after": 400}},
+              "ablation": {"default": {"300": {"mae": 200.0, "concordance": 0.7}}}, "notes": ["why it missed"]}
     md = report.markdown(result)
     assert "After 300 requests" in md and "After 1,000 requests" in md and "chat to rl" in md
+    assert "recovered after 400 requests" in md and "learning curve 3.0 min" in md
+    assert "CV MAE on rl is 140.0" in md and "| default | 200.0 / 0.700 |" in md and "- why it missed" in md
     assert "met (target 300)" in md and "never stayed within 10%" in md and "2.0 min" in md
     report.plot(result, tmp_path)
     assert (tmp_path / "online_learning_curve.png").stat().st_size > 0 and (tmp_path / "online_drift.png").exists()
@@ -120,3 +127,23 @@ def test_references_weight_the_offline_figures_by_the_traffic_mix(tmp_path):
     assert refs["offline_cv_mae"] == 200 and refs["offline_cv_mae_traffic_weighted"] == pytest.approx(
         (60 * 300 + 120 * 100) / 180)
     assert refs["noise_floor_traffic_weighted"]["in_sample"] == pytest.approx((60 * 200 + 120 * 100) / 180)
+
+
+def test_ablation_scores_every_variant_on_the_same_held_back_requests():
+    variants = {"a": lambda d, seen: make(d), "b": lambda d, seen: make(d)}
+    out = ablation(synthetic(120), variants, [0], [60, 120], 60, 1024)
+    assert out["a"] == out["b"] and set(out["a"]) == {"60", "120"}  # same learner and data: same rows, same score
+    assert out["a"]["120"]["mae"] < 250 and out["a"]["120"]["concordance"] > 0.6
+
+
+def test_refit_time_is_measured_on_a_full_reservoir():
+    from benchmarks.online.__main__ import refit_at_capacity
+
+    made = []
+
+    def tracked(state_dir):
+        made.append(make(state_dir))
+        return made[-1]
+
+    assert refit_at_capacity(tracked, synthetic(30), 100, 1024) > 0
+    assert made[0].status()["samples"] == 100  # 40 requests repeated under new ids fill it

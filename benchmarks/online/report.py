@@ -30,9 +30,9 @@ def target_lines(curve: dict) -> list[str]:
                 continue
             excess = value / ref - 1
             verdict = "met" if excess <= slack else f"missed by {(excess - slack) * 100:.1f} points"
+            spread = f"; seeds {_f(p['mae_range'][0])}-{_f(p['mae_range'][1])}" if key == "mae" else ""
             lines.append(f"- After {observed:,} requests, {name} MAE within {slack:.0%} of the offline {_f(ref)}: "
-                         f"{verdict} ({_f(value)}, {excess:+.1%}; seeds {_f(p.get('mae_range', [None])[0])}"
-                         f"-{_f(p.get('mae_range', [None, None])[1])} on the traffic-weighted MAE)")
+                         f"{verdict} ({_f(value)}, {excess:+.1%}{spread})")
     return lines
 
 
@@ -66,6 +66,9 @@ def markdown(result: dict) -> str:
              "`python -m benchmarks.online report` rebuilds this file from online.json.", ""]
     if curve:
         lines += ["## Targets", "", *target_lines(curve), *(drift_lines(drift) if drift else []), ""]
+        if result.get("notes"):
+            lines += ["## Reading", "", *[f"- {n}" for n in result["notes"]], ""]
+        floor = curve["noise_floor_traffic_weighted"]
         lines += ["## Learning curve", "",
                   f"The whole dataset replayed in {len(curve['seeds'])} seeded arrival orders (prompts shuffled, a "
                   "prompt's samples together), samples that hit max_tokens given to the learner as censored labels. "
@@ -77,35 +80,67 @@ def markdown(result: dict) -> str:
                   f"Offline reference (`last_ens5`, 5-fold CV, benchmarks/results/predictor_accuracy.json): "
                   f"{_f(curve['offline_cv_mae'])} averaged over scenarios, "
                   f"{_f(curve['offline_cv_mae_traffic_weighted'])} weighted by the dataset's traffic mix. Noise floors "
-                  f"(forelen_dataset.json, same mix): in-sample {_f(curve['noise_floor_traffic_weighted']['in_sample'])}, "
-                  f"leave-one-out {_f(curve['noise_floor_traffic_weighted']['leave_one_out'])}.", "",
+                  f"(forelen_dataset.json, same mix): in-sample {_f(floor['in_sample'])}, "
+                  f"leave-one-out {_f(floor['leave_one_out'])}.", "",
                   *_curve_table(curve["points"]), "", "![learning curve](online_learning_curve.png)", ""]
     if drift:
+        by_scenario = (curve or {}).get("offline_cv_mae_by_scenario", {})
         lines += ["## Drift", "",
                   "All of one scenario's traffic first (refit every "
-                  f"{settings.get('drift_warmup_every')} requests), then only the other's; after each checkpoint "
-                  "the learner refits and the served head is scored on the next "
-                  f"{settings.get('window')} requests of the new traffic. Steady value: mean of the last "
-                  "checkpoints after the switch.", ""]
+                  f"{settings.get('drift_warmup_every')} requests, scored on the next {settings.get('drift_window')} "
+                  "requests of it), then only the other's; after each checkpoint the learner refits and the served "
+                  "head is scored on the same requests of the new traffic, the last quarter of its arrival order, "
+                  "which the learner never sees (windows of the next requests differ in difficulty by more than the "
+                  "10% to be detected). Steady value: mean of the last three checkpoints after the switch; "
+                  "recovered = within 10% of it from then on.", ""]
         for name, d in drift.items():
+            new = name.split("_to_")[-1]
             lines += [f"### {name.replace('_', ' ')}", "",
                       f"Steady MAE before the switch (old traffic) {_f(d.get('steady_before'))}, after it (new "
-                      f"traffic, from {d.get('steady_from')}) {_f(d.get('steady_mae'))}.", "",
+                      f"traffic, from {d.get('steady_from')}) {_f(d.get('steady_mae'))}; the offline head's CV MAE "
+                      f"on {new} is {_f(by_scenario.get(new))}.", "",
                       *_curve_table(d["points"]), ""]
+        plain = result.get("recency", {}).get("chat_to_rl")
+        if plain:
+            weighted = drift["chat_to_rl"]
+            lines += ["### The install rule without recency weights", "",
+                      "The chat-to-RL switch again, with candidates compared on the plain mean of the held-out MAE "
+                      f"instead of the recency-weighted one (half-life {settings.get('recency_half_life')} requests): "
+                      f"recovered after {plain.get('recovered_after')} requests (steady {_f(plain.get('steady_mae'))}) "
+                      f"against {weighted.get('recovered_after')} (steady {_f(weighted.get('steady_mae'))}).", "",
+                      "| after the switch | served MAE, recency-weighted rule | served MAE, plain mean | "
+                      "candidate MAE, plain mean |", "|---|---|---|---|"]
+            for a, b in zip(weighted["points"], plain["points"]):
+                lines.append(f"| {a['observed']:,} | {_f(a['mae'])} | {_f(b['mae'])} | {_f(b['candidate_mae'])} |")
+            lines.append("")
         lines += ["![drift](online_drift.png)", ""]
+    ablations = result.get("ablation")
+    if ablations:
+        sizes = list(next(iter(ablations.values())))
+        lines += ["## Design choices", "",
+                  "Candidates of learner variants trained on the first N requests of an arrival order and scored on "
+                  "its last 800 requests (the same rows for every variant and N; mean of 2 seeds): MAE / "
+                  "concordance.", "",
+                  "| variant | " + " | ".join(f"N = {int(n):,}" for n in sizes) + " |",
+                  "|---|" + "---|" * len(sizes)]
+        for name, by_size in ablations.items():
+            lines.append(f"| {name} | " + " | ".join(
+                f"{_f(by_size[n]['mae'])} / {_f(by_size[n]['concordance'], 3)}" for n in sizes) + " |")
+        lines.append("")
     extraction = result.get("feature_extraction")
     if extraction:
         lines += ["## Cost", "",
                   f"Features: {extraction['extracted']:,} of {extraction['prompts']:,} prompts were missing from the "
                   f"shared cache and extracted on {extraction['threads']} thread in {_f(extraction['seconds'] / 60)} "
-                  f"min ({extraction.get('tokens', 0):,} prompt tokens, all prefill features as the cache stores them)."]
+                  f"min ({extraction.get('tokens', 0):,} prompt tokens; the cache keeps all prefill features, not "
+                  "only the last token's)."]
     timing = result.get("refit_seconds")
     if timing:
         lines += ["", "Refit time on one thread (fit_candidate, the learner's recipe), by reservoir size: " +
-                  ", ".join(f"{int(n):,} samples {_f(s)} s" for n, s in timing.items()) + "."]
-    notes = result.get("notes")
-    if notes:
-        lines += ["", "## Notes", "", *[f"- {n}" for n in notes]]
+                  ", ".join(f"{int(n):,} samples {_f(s)} s" for n, s in timing.items()) +
+                  f" (the last: a full reservoir of {settings.get('capacity', 0):,}). Replay time: " +
+                  ", ".join(f"{part.replace('_', ' ')} {_f(m)} min" for part, m in result.get("run_minutes", {}).items())
+                  + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -124,7 +159,8 @@ def plot(result: dict, out: Path) -> None:
             ax_mae.plot(x, [p.get(key) for p in pts], marker="o", label=f"online, {label}")
         ax_mae.fill_between(x, [p["mae_range"][0] for p in pts], [p["mae_range"][1] for p in pts], alpha=0.2,
                             label="seed range")
-        ax_mae.axhline(curve["offline_cv_mae_traffic_weighted"], color="k", ls="--", label="offline CV, traffic-weighted")
+        ax_mae.axhline(curve["offline_cv_mae_traffic_weighted"], color="k", ls="--",
+                       label="offline CV, traffic-weighted")
         ax_mae.axhline(curve["offline_cv_mae"], color="k", ls=":", label="offline CV, scenario-averaged")
         floor = curve["noise_floor_traffic_weighted"]
         ax_mae.axhspan(floor["in_sample"], floor["leave_one_out"], color="grey", alpha=0.15, label="noise floor")
@@ -141,17 +177,25 @@ def plot(result: dict, out: Path) -> None:
         plt.close(fig)
     if drift:
         fig, axes = plt.subplots(1, len(drift), figsize=(6 * len(drift), 4.2), squeeze=False)
+        by_scenario = (curve or {}).get("offline_cv_mae_by_scenario", {})
         for ax, (name, d) in zip(axes[0], drift.items()):
             pts = [p for p in d["points"] if p["mae"] is not None]
             x = [p["observed"] for p in pts]
             ax.plot(x, [p["mae"] for p in pts], marker="o", label="served head")
+            plain = result.get("recency", {}).get(name)
+            if plain:
+                ax.plot([p["observed"] for p in plain["points"]], [p["mae"] for p in plain["points"]], marker=".",
+                        color="grey", label="served head, plain-mean install rule")
+            if name.split("_to_")[-1] in by_scenario:
+                ax.axhline(by_scenario[name.split("_to_")[-1]], color="purple", ls="-.", label="offline CV")
             ax.fill_between(x, [p["mae_range"][0] for p in pts], [p["mae_range"][1] for p in pts], alpha=0.2)
             if d.get("steady_mae"):
                 ax.axhline(d["steady_mae"], color="k", ls="--", label="steady")
                 ax.axhline(1.1 * d["steady_mae"], color="k", ls=":", label="steady + 10%")
             if d.get("recovered_after") is not None:
                 ax.axvline(d["recovered_after"], color="g", ls=":", label="recovered")
-            ax.set(title=name.replace("_", " "), xlabel="requests after the switch", ylabel="MAE on the next requests")
+            ax.set(title=name.replace("_", " "), xlabel="requests after the switch",
+                   ylabel="MAE on held-back requests of the new traffic")
             ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out / "online_drift.png", dpi=110)

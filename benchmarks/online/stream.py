@@ -83,17 +83,18 @@ def refit_and_score(learner: OnlineLearner, upcoming: list[Request], max_tokens:
 
 
 def curve(stream: list[Request], checkpoints: list[int], window: int, learner: OnlineLearner, max_tokens: int,
-          desc: str = "") -> tuple[list[dict], int]:
-    """Points at `checkpoints` requests into the stream, and how many requests were fed."""
+          desc: str = "", scored_on: list[Request] | None = None) -> tuple[list[dict], int]:
+    """Points at `checkpoints` requests into the stream, scored on the next `window` requests or on
+    the fixed `scored_on` ones; and how many requests were fed."""
     points, fed = [], 0
     for n in tqdm(checkpoints, desc=desc, leave=False):
         at = boundary(stream, n)
-        if at + window > len(stream):
+        if n > len(stream) or (scored_on is None and at + window > len(stream)):
             break
         feed(learner, stream[fed:at], max_tokens)
         fed = at
-        points.append({"observed": n, "observed_exactly": at,
-                       **refit_and_score(learner, stream[at:at + window], max_tokens)})
+        upcoming = stream[at:at + window] if scored_on is None else scored_on
+        points.append({"observed": n, "observed_exactly": at, **refit_and_score(learner, upcoming, max_tokens)})
     return points, fed
 
 
@@ -109,22 +110,31 @@ def learning_curve(requests: list[Request], make_learner: MakeLearner, seeds: li
 
 def drift(requests: list[Request], before: str, after: str, make_learner: MakeLearner, seeds: list[int],
           warmup_every: int, checkpoints: list[int], window: int, max_tokens: int, steady_points: int = 3,
-          tolerance: float = 0.10) -> dict:
+          tolerance: float = 0.10, held_back: float = 0.25) -> dict:
     """Learn on all `before` traffic (refitting every `warmup_every` requests, scored on the next
-    requests of the same traffic), switch to `after`, and count the requests after which the MAE
-    on the next window is back within `tolerance` of its steady value on the new traffic (the mean
-    over the last `steady_points` checkpoints; seeds averaged first)."""
+    `window` requests of it), switch to `after`, and count the requests after which the MAE on the
+    new traffic is back within `tolerance` of its steady value (the mean over the last
+    `steady_points` checkpoints; seeds averaged first).
+
+    After the switch every checkpoint is scored on the same requests: the last `held_back` share of
+    the new traffic's arrival order, never fed to the learner. Windows of the next requests differ
+    in difficulty by more than the 10% to be detected (in a first replay, 200-request windows of
+    three seeds moved by 10-15% where the candidates' quality did not), so the recovery would
+    measure which windows came when.
+    """
     runs = {}
     for seed in tqdm(seeds, desc=f"drift {before} -> {after}"):
         old = arrival_order([r for r in requests if r.scenario == before], seed)
         new = arrival_order([r for r in requests if r.scenario == after], seed)
+        split = boundary(new, round(len(new) * (1 - held_back)))
         with tempfile.TemporaryDirectory() as tmp:
             learner = make_learner(Path(tmp))
             warmup, fed = curve(old, list(range(warmup_every, len(old), warmup_every)), window, learner, max_tokens,
                                 desc=f"{before} seed {seed}")
             feed(learner, old[fed:], max_tokens)
-            after_switch, _ = curve(new, checkpoints, window, learner, max_tokens, desc=f"{after} seed {seed}")
-            runs[seed] = {"before": warmup, "after": after_switch}
+            after_switch, _ = curve(new[:split], checkpoints, window, learner, max_tokens, desc=f"{after} seed {seed}",
+                                    scored_on=new[split:])
+            runs[seed] = {"before": warmup, "after": after_switch, "scored_on": len(new) - split}
     points = aggregate({s: r["after"] for s, r in runs.items()})
     return {**recovery(points, steady_points, tolerance), "points": points,
             "steady_before": recovery(aggregate({s: r["before"] for s, r in runs.items()}), steady_points,
@@ -143,7 +153,8 @@ def recovery(points: list[dict], steady_points: int, tolerance: float) -> dict:
     within = [p["mae"] is not None and p["mae"] <= (1 + tolerance) * steady for p in points]
     stays = next((i for i in range(len(points)) if all(within[i:])), None)
     first = next((i for i in range(len(points)) if within[i]), None)
-    return {"steady_mae": steady, "tolerance": tolerance, "steady_from": [p["observed"] for p in points[-steady_points:]],
+    return {"steady_mae": steady, "tolerance": tolerance,
+            "steady_from": [p["observed"] for p in points[-steady_points:]],
             "recovered_after": None if stays is None else points[stays]["observed"],
             "first_within": None if first is None else points[first]["observed"]}
 
@@ -169,3 +180,25 @@ def aggregate(runs: dict[int, list[dict]]) -> list[dict]:
             point["scenario_avg_mae"] = mean(per.values())
         out.append(point)
     return out
+
+
+def ablation(requests: list[Request], variants: dict[str, Callable[[Path, list[Request]], OnlineLearner]],
+             seeds: list[int], sizes: list[int], evaluation: int, max_tokens: int) -> dict:
+    """Candidates of learner variants (made from a state directory and the requests they will see)
+    trained on the first `size` requests of each arrival order and scored on its last `evaluation`
+    requests (the same rows for every size and variant, so their differences are not window
+    noise). Means over seeds."""
+    runs: dict[str, dict[int, list[dict]]] = {name: {n: [] for n in sizes} for name in variants}
+    for seed in tqdm(seeds, desc="ablation"):
+        stream = arrival_order(requests, seed)
+        held_back = boundary(stream, len(stream) - evaluation)
+        for name, make in variants.items():
+            for n in sizes:
+                seen = stream[:boundary(stream, min(n, held_back))]
+                with tempfile.TemporaryDirectory() as tmp:
+                    learner = make(Path(tmp), seen)
+                    feed(learner, seen, max_tokens)
+                    candidate = learner.refit()
+                    runs[name][n].append(score(candidate.head, learner, stream[held_back:], max_tokens))
+    return {name: {str(n): {key: mean(r[key] for r in rows) for key in ("mae", "concordance")}
+                   for n, rows in by_size.items()} for name, by_size in runs.items()}

@@ -18,12 +18,29 @@ restarts, so a request never moves from held-out into training and the heads are
 none of them trained on. Keys default to the request id; a caller that knows several requests
 share a prompt (rollouts sampled n times) can pass the prompt as the key to keep them together.
 
+The MAE the rule compares weights each held-out row by its recency (half-life
+`recency_half_life` requests; None: a plain mean): the reservoir keeps old traffic on purpose, so
+once the traffic shifts a plain mean judges heads mostly on traffic no longer served, and keeps a
+head that is better there in place while candidates are better on what is served now. In the
+chat-to-RL replay (benchmarks/results/online.md) the weighting served a head 4-7 tokens better
+from 800 requests after the switch on (146-150 against 153-154 MAE), but about as much worse in
+the first 50 (fewer rows count, so early decisions are noisier); averaged over the replay the
+two were equal. Its case is the long run: a reservoir that keeps months of traffic.
+
+A request cut at or beyond the head's cap (max_tokens of the bins) trains as an exact row of
+length max_tokens (`cap_as_exact`): the bins end there, so "at least the cap" says exactly "in the
+last bin", which is also how offline training counts a truncated sample and how early stopping and
+the held-out MAE score it. Its survival likelihood (predictor.losses), the other consistent
+reading, outweighs the exact rows' CRPS + SmoothL1 and pulled every prediction up: about 5% higher
+MAE in the replay (benchmarks/results/online.md, design choices). Requests cut below the cap, whose length is unknown within the bins, train by
+their survival likelihood.
+
 Bins are fixed for the learner's life, since a head is only comparable to another on the same
 bins: the offline head's when there is one, else `online_bins`, log-spaced edges with a spike bin
 at the cap. Not quantile bins of the first observations: those would freeze whatever traffic came
 first (a burst of one kind) into the resolution forever, and quantiles of censored lengths are
 not lengths. Log spacing gives every length the same relative resolution, and the spike bin makes
-a request stopped at the cap an exact event (predictor.losses).
+a request stopped at the cap an exact event (in the replay, both bin choices gave the same MAE).
 
 Every install gets the next version number and is published for the replicas
 (predictor.online.publish); the learner's own state (reservoir, counters, held-out metrics) is
@@ -76,7 +93,8 @@ class OnlineLearner:
                  base_head: tuple[LengthHead, CheckpointMeta] | None = None, capacity: int = 4096,
                  floor: float = 0.55, *, model_id: str | None = None, model_hash: str | None = None,
                  max_tokens: int = 1024, heldout_share: float = 0.2, policy: RefitPolicy = RefitPolicy(),
-                 loss: LossConfig | None = None, fit: FitConfig | None = None, max_pending: int = 4096, seed: int = 0):
+                 loss: LossConfig | None = None, fit: FitConfig | None = None, max_pending: int = 4096, seed: int = 0,
+                 recency_half_life: float | None = 300.0, cap_as_exact: bool = True):
         """`base_head` (the offline head) serves as version 0 until a refit beats it, and gives the
         bins and base model unless they are given; without it, `model_id` and `model_hash` name
         the serving model the features come from (they go into every checkpoint)."""
@@ -88,6 +106,8 @@ class OnlineLearner:
         self.loss = loss or LossConfig(name=RECIPE.loss)
         self.fit = fit or RECIPE.fit
         self.max_pending = max_pending
+        self.recency_half_life = recency_half_life
+        self.cap_as_exact = cap_as_exact
         base_meta = base_head[1] if base_head else None
         if base_meta and base_meta.feature_dim != feature_dim:
             raise ValueError(f"base head takes {base_meta.feature_dim} features, learner {feature_dim}")
@@ -110,6 +130,9 @@ class OnlineLearner:
         self.last_decision: dict = {}
         self.reservoir = StratifiedReservoir(capacity, seed)
         self._resume(bins)
+        if self._current and self._current[2].bins != self.bins:
+            raise ValueError(f"version {self._current[0]} predicts over other bins than the learner's; "
+                             "a head is only compared with candidates on the same bins")
 
     # --- traffic ------------------------------------------------------------------------------
 
@@ -147,13 +170,14 @@ class OnlineLearner:
             self.counters[counter] += 1
 
     def _observe(self, key: str, vector: torch.Tensor, prompt_tokens: int, tokens: int, censored: bool) -> None:
-        self.reservoir.add(Observation(key, vector, tokens, censored, int(prompt_tokens)))
+        self.reservoir.add(Observation(key, vector, tokens, censored, int(prompt_tokens), self.reservoir.offered))
         self.counters["new_labels"] += 1
 
     # --- refits -------------------------------------------------------------------------------
 
     def ready_to_refit(self, now: float | None = None) -> bool:
-        since = float("inf") if self.last_refit_at is None else (time.time() if now is None else now) - self.last_refit_at
+        now = time.time() if now is None else now
+        since = float("inf") if self.last_refit_at is None else now - self.last_refit_at
         with self._lock:
             return self.policy.due(len(self.reservoir), self.counters["new_labels"], since)
 
@@ -163,10 +187,17 @@ class OnlineLearner:
             rows = self.reservoir.observations()
             if not rows:
                 raise ValueError("nothing observed yet")
+            tokens = torch.tensor([o.tokens for o in rows], dtype=torch.float32)
+            censored = torch.tensor([o.censored for o in rows])
+            if self.cap_as_exact:
+                at_cap = censored & (tokens >= self.bins.max_tokens)
+                tokens, censored = torch.where(at_cap, float(self.bins.max_tokens), tokens), censored & ~at_cap
+            age = torch.tensor([self.reservoir.offered - 1 - o.seq for o in rows], dtype=torch.float32)
+            half_life = self.recency_half_life
             data = RefitData(
-                x=torch.stack([o.vector for o in rows]), tokens=torch.tensor([o.tokens for o in rows], dtype=torch.float32),
-                censored=torch.tensor([o.censored for o in rows]),
+                x=torch.stack([o.vector for o in rows]), tokens=tokens, censored=censored,
                 heldout=torch.tensor([is_heldout(o.key, self.heldout_share) for o in rows]),
+                weight=torch.ones_like(age) if half_life is None else 0.5 ** (age / half_life),
                 bins=self.bins, loss=self.loss, fit=self.fit, model_id=self.model_id, model_hash=self.model_hash,
                 pooling=self.pooling, observed=self.reservoir.offered)
             self.counters["new_labels"] = 0
@@ -187,15 +218,18 @@ class OnlineLearner:
             raise ValueError("the candidate was trained on other bins than this learner's")
         with self._install_lock:
             mine, current, held = candidate.quality, self._current, candidate.heldout
-            theirs = evaluate(current[1], self.bins, held.x, held.tokens, held.censored) if current else None
+            theirs = (evaluate(current[1], self.bins, held.x, held.tokens, held.censored, held.weight)
+                      if current else None)
             if theirs is None:
                 install = mine["concordance"] is not None and mine["concordance"] >= self.floor
             else:
-                install = mine["mae"] < theirs["mae"] or (
-                    mine["mae"] == theirs["mae"] and (mine["concordance"] or 0) > (theirs["concordance"] or 0))
+                install = mine["mae_recent"] < theirs["mae_recent"] or (
+                    mine["mae_recent"] == theirs["mae_recent"]
+                    and (mine["concordance"] or 0) > (theirs["concordance"] or 0))
             if install:
                 version = (current[0] if current else 0) + 1
-                meta = candidate.meta.model_copy(update={"metrics": {**candidate.meta.metrics, "version": float(version)}})
+                metrics = {**candidate.meta.metrics, "version": float(version)}
+                meta = candidate.meta.model_copy(update={"metrics": metrics})
                 publish_head(self.state_dir, version, candidate.head, meta)
                 self._current = (version, candidate.head, meta)
             with self._lock:
@@ -220,7 +254,8 @@ class OnlineLearner:
                     "heldout_samples": heldout, "censored_samples": sum(o.censored for o in rows),
                     "observed": self.reservoir.offered, "pending_features": len(self._pending_features),
                     "pending_labels": len(self._pending_labels), **self.counters,
-                    "heldout_mae": self.quality.get("mae"), "heldout_concordance": self.quality.get("concordance"),
+                    "heldout_mae": self.quality.get("mae"), "heldout_mae_recent": self.quality.get("mae_recent"),
+                    "heldout_concordance": self.quality.get("concordance"),
                     "last_refit_at": self.last_refit_at, "last_decision": self.last_decision,
                     "strata": self.reservoir.counts()}
 
@@ -238,6 +273,7 @@ class OnlineLearner:
                     "tokens": torch.tensor([o.tokens for o in rows], dtype=torch.int64),
                     "censored": torch.tensor([o.censored for o in rows], dtype=torch.bool),
                     "prompt_tokens": torch.tensor([o.prompt_tokens for o in rows], dtype=torch.int64),
+                    "seq": torch.tensor([o.seq for o in rows], dtype=torch.int64),
                 }
                 state = {"keys": [o.key for o in rows], "offered": self.reservoir.offered, "seed": self.reservoir.seed,
                          "bins": self.bins.model_dump(), "feature_dim": self.feature_dim, "counters": self.counters,
@@ -260,9 +296,9 @@ class OnlineLearner:
         if bins is not None and bins != saved_bins or state["feature_dim"] != self.feature_dim:
             raise ValueError(f"{path} was saved with other bins or feature width; bins are fixed for a learner's life")
         self.bins = saved_bins
-        rows = [Observation(k, v, int(t), bool(c), int(p)) for k, v, t, c, p in zip(
+        rows = [Observation(k, v, int(t), bool(c), int(p), int(q)) for k, v, t, c, p, q in zip(
             state["keys"], tensors["x"], tensors["tokens"].tolist(), tensors["censored"].tolist(),
-            tensors["prompt_tokens"].tolist())]
+            tensors["prompt_tokens"].tolist(), tensors["seq"].tolist())]
         self.reservoir = StratifiedReservoir.restore(self.reservoir.capacity, state["seed"], state["offered"], rows)
         self.counters.update(state["counters"])
         self.last_refit_at = state["last_refit_at"]

@@ -5,6 +5,9 @@ at or beyond the cap, which sit in its last bin: predictor.fit.scorable), the fi
 benchmarks report. Concordance (Harrell's C) is what a length-aware scheduler needs: the share of
 request pairs whose predicted order matches their true order. A censored request enters a pair
 only where the order is certain, i.e. against an exact one shorter than its cut.
+
+Served traffic drifts, so the learner compares heads on a recency-weighted MAE too ("mae_recent",
+predictor.online.learner): the same rows, each weighted by how recent it is.
 """
 
 from __future__ import annotations
@@ -30,15 +33,24 @@ def concordance(predicted: Tensor, tokens: Tensor, censored: Tensor) -> float | 
     return (agree * shorter).sum().item() / pairs
 
 
-def mae(predicted: Tensor, tokens: Tensor, censored: Tensor, bins: LengthBins) -> float | None:
+def mae(predicted: Tensor, tokens: Tensor, censored: Tensor, bins: LengthBins,
+        weight: Tensor | None = None) -> float | None:
     keep, target = scorable(tokens.float(), censored, bins)
-    return (predicted.float()[keep] - target[keep]).abs().mean().item() if keep.any() else None
+    if not keep.any():
+        return None
+    error = (predicted.float()[keep] - target[keep]).abs()
+    if weight is None:
+        return error.mean().item()
+    w = weight.float()[keep]
+    return ((error * w).sum() / w.sum()).item()
 
 
 @torch.no_grad()
-def evaluate(head: LengthHead, bins: LengthBins, x: Tensor, tokens: Tensor, censored: Tensor) -> dict:
-    """{"mae", "concordance", "scored"} of the head's expected length on these requests."""
+def evaluate(head: LengthHead, bins: LengthBins, x: Tensor, tokens: Tensor, censored: Tensor,
+             weight: Tensor | None = None) -> dict:
+    """{"mae", "mae_recent" (weighted by `weight`), "concordance", "scored"} of the head's expected
+    length on these requests."""
     expected = bins.expected(head(x).softmax(-1))
     keep, _ = scorable(tokens.float(), censored, bins)
-    return {"mae": mae(expected, tokens, censored, bins), "concordance": concordance(expected, tokens, censored),
-            "scored": int(keep.sum())}
+    return {"mae": mae(expected, tokens, censored, bins), "mae_recent": mae(expected, tokens, censored, bins, weight),
+            "concordance": concordance(expected, tokens, censored), "scored": int(keep.sum())}

@@ -32,6 +32,7 @@ class RefitData:
     tokens: Tensor  # [N]
     censored: Tensor  # [N] bool
     heldout: Tensor  # [N] bool
+    weight: Tensor  # [N] how much each held-out row counts when heads are compared (recency)
     bins: LengthBins
     loss: LossConfig
     fit: FitConfig
@@ -47,6 +48,7 @@ class HeldOut:
     x: Tensor
     tokens: Tensor
     censored: Tensor
+    weight: Tensor
 
 
 @dataclass
@@ -54,7 +56,7 @@ class Candidate:
     head: LengthHead
     meta: CheckpointMeta
     heldout: HeldOut  # the rows it must beat the current head on
-    quality: dict  # its held-out "mae", "concordance", "scored"
+    quality: dict  # its held-out "mae", "mae_recent", "concordance", "scored"
     seconds: float  # wall time of the fit
 
 
@@ -67,8 +69,8 @@ def fit_candidate(data: RefitData) -> Candidate:
     head, metrics = fit_head(
         data.x[train], as_prompts(data.tokens[train]), data.x[held], as_prompts(data.tokens[held]), data.bins,
         data.loss, data.fit, as_prompts(data.censored[train]), as_prompts(data.censored[held]))
-    heldout = HeldOut(data.x[held], data.tokens[held], data.censored[held])
-    quality = evaluate(head, data.bins, heldout.x, heldout.tokens, heldout.censored)
+    heldout = HeldOut(data.x[held], data.tokens[held], data.censored[held], data.weight[held])
+    quality = evaluate(head, data.bins, heldout.x, heldout.tokens, heldout.censored, heldout.weight)
     meta = CheckpointMeta(
         base_model_id=data.model_id, base_model_hash=data.model_hash, feature_layer=-1, feature_dim=data.x.shape[1],
         pooling=data.pooling, bins=data.bins, loss=data.loss, fit=data.fit, temperature=head.temperature,

@@ -30,13 +30,15 @@ OUTPUT_BASE, OUTPUT_LAST = 32, 6
 @dataclass(frozen=True)
 class Observation:
     """A served request whose length is known: `tokens` generated, `censored` if it was stopped by
-    its max_tokens (then `tokens` is a lower bound). `key` decides the held-out split."""
+    its max_tokens (then `tokens` is a lower bound). `key` decides the held-out split, `seq` is its
+    place in the order of arrival (how recent it is)."""
 
     key: str
     vector: Tensor  # [d] float32 head input
     tokens: int
     censored: bool
     prompt_tokens: int
+    seq: int = 0
 
 
 def _bucket(n: int, base: int, last: int) -> int:
