@@ -4,11 +4,13 @@
            install rule without recency weights ("recency") and an ablation of the learner's
            design choices; --parts picks some (features from the shared cache, extracted once on
            one thread if missing)
+  real     a cold start on the real stack (predictor.checkpoint: online): held-out ShareGPT traffic at
+           a calm load, when the learned head is trusted, live error per 100 requests, then the same
+           trace with learning off (throughput, TTFT); about 1 h here
   report   rebuild online.{md,png} from online.json; --note TEXT (repeatable) sets the reading of
            the figures that the report prints (a rerun of offline clears it: the figures changed)
 
-Each command replaces its own part of benchmarks/results/online.json (the live-stack part,
-"real", is another command's) and rewrites the report.
+Each command replaces its own part of benchmarks/results/online.json and rewrites the report.
 """
 
 from __future__ import annotations
@@ -140,15 +142,28 @@ def main(argv=None) -> None:
     o.add_argument("--floor", type=float, default=0.55)
     o.add_argument("--heldout-share", type=float, default=0.2)
     o.add_argument("--members", type=int, help="ensemble size (default: last_ens5's)")
+    live = sub.add_parser("real")
+    live.add_argument("--requests", type=int, default=600)
+    live.add_argument("--load", type=float, default=0.8,
+                      help="arrival rate as a share of the capacity the dataset bursts measured")
+    live.add_argument("--dispatched-share", type=float, default=0.5,
+                      help="requests dispatched at once that are predicted for learning anyway")
     r = sub.add_parser("report")
     r.add_argument("--note", action="append", help="a line of the report's reading of the figures")
-    for sp in (o, r):
+    for sp in (o, live, r):
         sp.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     if args.command == "report" and args.note:
         parts_file.update(args.out, "online", report.markdown, report.plot, notes=args.note)
     elif args.command == "report":
         parts_file.write(args.out, "online", parts_file.load(args.out, "online"), report.markdown, report.plot)
+    elif args.command == "real":
+        from benchmarks.continuous.bursts import measured_capacity
+        from benchmarks.online.real import cold_start
+
+        rate = args.load * measured_capacity(3)
+        parts_file.update(args.out, "online", report.markdown, report.plot,
+                          real=cold_start(args.requests, rate, args.dispatched_share))
     else:
         _offline(args)
 

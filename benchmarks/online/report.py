@@ -58,12 +58,47 @@ def _curve_table(points: list[dict]) -> list[str]:
     return rows
 
 
+def real_lines(real: dict) -> list[str]:
+    """The cold start on the real stack, with its targets."""
+    trusted = real["trusted_after_requests"]
+    cost = None if real["throughput_ratio_vs_off"] is None else 1 - real["throughput_ratio_vs_off"]
+    growth = real.get("rss_growth") or {}
+    checks = [
+        ("trusted within 500 requests", trusted is not None and trusted <= 500,
+         "never" if trusted is None else f"after {trusted}"),
+        ("no failed request", real["failed"] == 0, f"{real['failed']} failed"),
+        ("throughput cost <= 5% against learning off", cost is not None and cost <= 0.05,
+         "-" if cost is None else f"{100 * cost:+.1f}%"),
+        ("router and predictor memory growth < 10% after warm-up",
+         bool(growth) and all(v is not None and v < 0.10 for v in growth.values()),
+         ", ".join(f"{k} {'-' if v is None else f'{100 * v:+.1f}%'}" for k, v in growth.items())),
+    ]
+    lines = ["## A cold start on the real stack", "",
+             f"`predictor.checkpoint: online`, an empty state directory: {real['requests']} held-out ShareGPT prompts "
+             f"(never in the dataset), Poisson at {real['rate_rps']:.3f} requests/s (a calm load), max_tokens "
+             f"{real['max_tokens']} (answers cut there are censored labels), {real['dispatched_share']:.0%} of the "
+             "requests dispatched at once predicted for learning. Then the same trace on the default stack with "
+             "learning off (the offline head). The learner's first head after "
+             f"{_f(real['first_head_after_s'])} s.", "",
+             "| target | held | measured |", "|---|---|---|",
+             *[f"| {name} | {'yes' if ok else 'MISSED'} | {value} |" for name, ok, value in checks],
+             f"| p50 TTFT against learning off | - | {_f(real['p50_ttft_ratio_vs_off'])}x |", "",
+             "Live predictions (shadow ones while the learned head is not trusted yet) per 100 finished requests: "
+             "MAE and rank concordance over those whose length is exact (answers cut at max_tokens left out).", "",
+             "| finished requests | predicted | MAE (tokens) | concordance |", "|---|---|---|---|",
+             *[f"| {b['requests']} | {b['predicted']} | {_f(b['mae'])} | {_f(b['concordance'], 3)} |"
+               for b in real["live"]], ""]
+    return lines
+
+
 def markdown(result: dict) -> str:
     curve, drift = result.get("learning_curve"), result.get("drift")
     settings = result.get("settings", {})
     lines = ["# Online learning: a length head learned from the traffic it serves", "",
              "Regenerate with `python -m benchmarks.online offline` (the offline replay below); "
              "`python -m benchmarks.online report` rebuilds this file from online.json.", ""]
+    if result.get("real"):
+        lines += real_lines(result["real"])
     if curve:
         lines += ["## Targets", "", *target_lines(curve), *(drift_lines(drift) if drift else []), ""]
         if result.get("notes"):

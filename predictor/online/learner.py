@@ -286,6 +286,8 @@ class OnlineLearner:
         published = read_published(self.state_dir)
         if published:
             self._current = published
+            if bins is None:  # the head a directory serves fixes the bins its refits compete on
+                self.bins = published[2].bins
         path = self.state_dir / STATE_FILE
         if not path.exists():
             return
