@@ -147,3 +147,16 @@ def test_refit_time_is_measured_on_a_full_reservoir():
 
     assert refit_at_capacity(tracked, synthetic(30), 100, 1024) > 0
     assert made[0].status()["samples"] == 100  # 40 requests repeated under new ids fill it
+
+
+def test_the_real_runs_trust_point_and_live_blocks_come_from_the_router_log():
+    from benchmarks.online.real import live_blocks, trusted_after
+
+    log = [{"finished_at": float(i), "completion_tokens": 10 * (i + 1), "finish_reason": "length" if i == 3 else "stop",
+            "prediction": None if i == 0 else {"expected_tokens": 10.0 * (i + 1) + 5}} for i in range(150)]
+    polls = [{"t": 40.5, "trusted": False}, {"t": 99.5, "trusted": True}, {"t": 120.0, "trusted": True}]
+    assert trusted_after(polls, log) == 100  # requests finished at t = 0..99 when the switch was first seen on
+    assert trusted_after(polls[:1], log) is None
+    first, second = live_blocks(log)
+    assert (first["requests"], first["predicted"], second["requests"]) == (100, 99, 150)
+    assert first["mae"] == 5.0 and first["concordance"] == 1.0  # the cut answer and the unpredicted one left out

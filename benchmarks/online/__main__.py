@@ -148,6 +148,8 @@ def main(argv=None) -> None:
                       help="arrival rate as a share of the capacity the dataset bursts measured")
     live.add_argument("--dispatched-share", type=float, default=0.5,
                       help="requests dispatched at once that are predicted for learning anyway")
+    live.add_argument("--compare", type=int, help="requests (the trace's first) replayed with learning off (default: all)")
+    live.add_argument("--rate", type=float, help="requests/s (default: --load x the capacity the bursts measured)")
     r = sub.add_parser("report")
     r.add_argument("--note", action="append", help="a line of the report's reading of the figures")
     for sp in (o, live, r):
@@ -161,9 +163,9 @@ def main(argv=None) -> None:
         from benchmarks.continuous.bursts import measured_capacity
         from benchmarks.online.real import cold_start
 
-        rate = args.load * measured_capacity(3)
+        rate = args.rate or args.load * measured_capacity(3)
         parts_file.update(args.out, "online", report.markdown, report.plot,
-                          real=cold_start(args.requests, rate, args.dispatched_share))
+                          real=cold_start(args.requests, rate, args.dispatched_share, args.compare))
     else:
         _offline(args)
 

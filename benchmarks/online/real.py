@@ -113,14 +113,24 @@ def run_stack(trace: list[TraceRequest], overrides: dict, actors_n: int = 2) -> 
             poller.join()
             ray.shutdown()
             entries = [json.loads(line) for line in log.read_text().splitlines()]
-    summary = summarise(records, 8)
-    ttft = sorted(r.ttft_s for r in records if r.status == "ok")
-    return {"summary": summary, "p50_ttft_s": float(np.percentile(ttft, 50)) if ttft else None,
-            "failed": summary["failed"], "polls": polls, "log": entries, "rss_growth": rss_growth(polls)}
+    return {"records": records, "failed": summarise(records, 8)["failed"], "polls": polls, "log": entries,
+            "rss_growth": rss_growth(polls)}
 
 
-def cold_start(n: int, rate: float, share: float, seed: int = 0) -> dict:
-    """The learning stack from nothing, then the same trace with learning off; online.json's "real"."""
+def serving_figures(records: list, ids: set[str]) -> dict:
+    """Throughput, p50 TTFT and mean JCT over the requests in `ids`."""
+    from benchmarks.replay.metrics import summarise
+
+    chosen = [r for r in records if r.request_id in ids]
+    summary = summarise(chosen, 8)
+    ttft = sorted(r.ttft_s for r in chosen if r.status == "ok")
+    return {"requests": len(chosen), "throughput_tok_s": summary["throughput_tok_s"],
+            "p50_ttft_s": float(np.percentile(ttft, 50)) if ttft else None, "mean_jct_s": summary["mean_jct_s"]}
+
+
+def cold_start(n: int, rate: float, share: float, compare: int | None = None, seed: int = 0) -> dict:
+    """The learning stack from nothing, then the trace's first `compare` requests (default: all)
+    with learning off, compared on those same requests; online.json's "real"."""
     import random
 
     from transformers import AutoTokenizer
@@ -136,15 +146,19 @@ def cold_start(n: int, rate: float, share: float, seed: int = 0) -> dict:
     with tempfile.TemporaryDirectory() as state:
         on = run_stack(trace, {"predictor": {"checkpoint": "online", "online": {
             "state_dir": state, "dispatched_share": share, "min_new_labels": 50, "min_interval_s": 60}}})
-    off = run_stack(trace, {})
+    compared = trace[:compare or n]
+    off = run_stack(compared, {})
+    ids = {r.request_id for r in compared}
+    on_side, off_side = serving_figures(on["records"], ids), serving_figures(off["records"], ids)
     versions = [(p["t"], (p["learner"] or {}).get("version")) for p in on["polls"]]
     ratio = lambda a, b: None if not a or not b else a / b  # noqa: E731
     return {
         "requests": n, "rate_rps": rate, "max_tokens": MAX_TOKENS, "dispatched_share": share,
+        "compared_requests": len(compared),
         "trusted_after_requests": trusted_after(on["polls"], on["log"]),
         "first_head_after_s": next((t - versions[0][0] for t, v in versions if v), None) if versions else None,
-        "throughput_ratio_vs_off": ratio(on["summary"]["throughput_tok_s"], off["summary"]["throughput_tok_s"]),
-        "p50_ttft_ratio_vs_off": ratio(on["p50_ttft_s"], off["p50_ttft_s"]),
+        "throughput_ratio_vs_off": ratio(on_side["throughput_tok_s"], off_side["throughput_tok_s"]),
+        "p50_ttft_ratio_vs_off": ratio(on_side["p50_ttft_s"], off_side["p50_ttft_s"]),
         "failed": on["failed"] + off["failed"], "failed_on": on["failed"], "failed_off": off["failed"],
         "rss_growth": on["rss_growth"], "live": live_blocks(on["log"]),
         "on": {"throughput_tok_s": on["summary"]["throughput_tok_s"], "p50_ttft_s": on["p50_ttft_s"],

@@ -77,9 +77,12 @@ def real_lines(real: dict) -> list[str]:
              f"`predictor.checkpoint: online`, an empty state directory: {real['requests']} held-out ShareGPT prompts "
              f"(never in the dataset), Poisson at {real['rate_rps']:.3f} requests/s (a calm load), max_tokens "
              f"{real['max_tokens']} (answers cut there are censored labels), {real['dispatched_share']:.0%} of the "
-             "requests dispatched at once predicted for learning. Then the same trace on the default stack with "
-             "learning off (the offline head). The learner's first head after "
-             f"{_f(real['first_head_after_s'])} s.", "",
+             "requests dispatched at once predicted for learning. Then the trace's first "
+             f"{real.get('compared_requests', real['requests'])} requests on the default stack with learning off (the "
+             "offline head), compared with the same requests of the learning run (on: "
+             f"{_f(real['on']['throughput_tok_s'])} tok/s, p50 TTFT {_f(real['on']['p50_ttft_s'], 2)} s; off: "
+             f"{_f(real['off']['throughput_tok_s'])} tok/s, {_f(real['off']['p50_ttft_s'], 2)} s). The learner's "
+             f"first head after {_f(real['first_head_after_s'])} s.", "",
              "| target | held | measured |", "|---|---|---|",
              *[f"| {name} | {'yes' if ok else 'MISSED'} | {value} |" for name, ok, value in checks],
              f"| p50 TTFT against learning off | - | {_f(real['p50_ttft_ratio_vs_off'])}x |", "",

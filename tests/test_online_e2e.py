@@ -1,0 +1,59 @@
+"""A cold start end to end: `predictor.checkpoint: online` on real Ray Serve, real vLLM, real HTTP.
+
+The stack starts with no head at all (any model's first day). It must serve every request length-
+blind, send each finished request's features and true length to the learner deployment (cut answers
+as censored ones), and refit once enough labels are in. Whether the first refit's head is installed
+depends on what a dozen samples can learn, so the test asserts the refit and a decision, not the
+outcome. Its own stack (marker own_cluster), before the shared one starts.
+"""
+
+import time
+
+import httpx
+import pytest
+
+from tests.stack import RunningStack
+
+pytestmark = [pytest.mark.stack, pytest.mark.own_cluster]
+
+PROMPTS = ["Say hi.", "What is 2 + 3?", "Name a colour.", "Write one sentence about the sea.",
+           "Count from 1 to 5.", "What is the capital of France?"]
+MIN_SAMPLES = 8
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    state = tmp_path_factory.mktemp("learner")
+    online = {"state_dir": str(state), "dispatched_share": 1.0, "min_samples": MIN_SAMPLES,
+              "min_new_labels": MIN_SAMPLES, "min_interval_s": 0}
+    running = RunningStack(tmp_path_factory.mktemp("online"), {"predictor": {"checkpoint": "online", "online": online}})
+    yield running.start()
+    running.stop()
+
+
+def _learner(stack) -> dict:
+    body = httpx.get(f"{stack.base_url}/health", timeout=30).json()
+    assert body["status"] == "ok", body
+    return body["learner"]
+
+
+def test_a_stack_with_no_head_serves_and_learns_from_its_own_traffic(stack):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+    assert _learner(stack)["version"] is None  # nothing learned yet: length-blind routing
+    cut = 0
+    for i in range(2 * len(PROMPTS)):
+        reply = client.chat.completions.create(model=stack.model, max_tokens=4 if i % 3 == 0 else 64,
+                                               messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
+        assert reply.choices[0].message.content is not None
+        cut += reply.choices[0].finish_reason == "length"
+    assert cut >= 4  # every third request stops at 4 tokens
+
+    deadline = time.time() + 180
+    while (status := _learner(stack))["refits"] < 1 or status["installs"] + status["rejections"] < 1:
+        assert time.time() < deadline, f"no refit decided: {status}"
+        time.sleep(2)
+    assert status["samples"] >= MIN_SAMPLES  # features and labels of the same requests were paired
+    assert status["censored_samples"] >= 1  # cut answers are kept, as lower bounds
+    assert status["labels"] == 2 * len(PROMPTS) and status["features"] == 2 * len(PROMPTS)
