@@ -5,8 +5,9 @@
   bare     held-out ShareGPT prompts, 24 in flight, on a bare vLLM server and on the stack (what the
            stack costs or buys; ~30 min here)
   burst    128 dataset val/test requests at once onto the default stack: ray_default, last_work,
-           ceiling, oracle_work, 3 interleaved repeats (~10 min a run); per-request records in
-           benchmarks/results/runs/, resumable
+           ceiling, oracle_work (and on request last_told: the head's order without its prefill),
+           3 interleaved repeats (~10 min a run); per-request records in benchmarks/results/runs/,
+           resumable
   stock    the same burst on Ray Serve LLM's own OpenAI app with the same engines (its own process:
            one Ray driver per cluster)
   sharegpt the same with 128 held-out ShareGPT prompts: ray_default against last_work
@@ -84,9 +85,11 @@ def _bare(args) -> dict:
     )
 
 
-def _runs(args, name: str, trace, policies: list[str]) -> None:
+def _runs(args, name: str, trace, policies: list[str], traces: dict | None = None) -> None:
     """Each repeat's policies back to back on one default stack (benchmark headers, request log on);
-    runs already on disk are skipped; continuous.json's bursts are rewritten after every run."""
+    runs already on disk are skipped; continuous.json's bursts are rewritten after every run.
+    `traces`: a run label's own trace, run as the router policy bursts.TOLD_AS names."""
+    from benchmarks.continuous import bursts
     from benchmarks.replay.__main__ import drain
     from benchmarks.replay.actors import connect, spawn_actors
     from benchmarks.replay.runs import execute, run_path
@@ -104,7 +107,8 @@ def _runs(args, name: str, trace, policies: list[str]) -> None:
             actors = spawn_actors(stack.base_url, args.actors, 3600)
             for k, policy in todo:
                 drain(stack.base_url)
-                execute(f"{name}/{policy}/r{k}", stack.base_url, actors, trace, policy, log)
+                execute(f"{name}/{policy}/r{k}", stack.base_url, actors, (traces or {}).get(policy, trace),
+                        bursts.TOLD_AS.get(policy, policy), log)
                 _write_runs(args)
             import ray
 
@@ -161,7 +165,7 @@ def _write_runs(args) -> dict:
                 if (rep := repeats[0]) else 0, "repeats": repeats, "changes_vs_ray_default": changes,
                 "lost_requests": sum(rep[p]["failed"] for rep in repeats for p in rep)}
 
-    real = table("dataset_burst", (*bursts.DATASET_POLICIES, bursts.STOCK), False)
+    real = table("dataset_burst", (*bursts.DATASET_POLICIES, bursts.HEAD_TOLD, bursts.STOCK), False)
     sharegpt = table("sharegpt_burst", ("ray_default", "last_work"), True)
     current = parts_file.load(args.out, "continuous")
     loads = {name.removeprefix("load_"): table(name, ("ray_default", "last_work", "estp_work"), False)
@@ -191,7 +195,8 @@ def main(argv=None) -> None:
     r.add_argument("--policy", default="last_work")
     r.add_argument("--actors", type=int, default=2)
     b = sub.add_parser("burst")
-    b.add_argument("--policies", nargs="+", default=["ray_default", "last_work", "ceiling", "oracle_work"])
+    b.add_argument("--policies", nargs="+", default=["ray_default", "last_work", "ceiling", "oracle_work"],
+                   help="router policies, or last_told: last_work's order with its offline predictions told up front")
     k = sub.add_parser("stock")
     g = sub.add_parser("sharegpt")
     g.add_argument("--policies", nargs="+", default=["ray_default", "last_work"])
@@ -221,7 +226,8 @@ def main(argv=None) -> None:
     if args.command == "burst":
         from benchmarks.continuous import bursts
 
-        _runs(args, "dataset_burst", bursts.dataset_burst(), args.policies)
+        trace = bursts.dataset_burst()
+        _runs(args, "dataset_burst", trace, args.policies, {bursts.HEAD_TOLD: bursts.told_head(trace)})
         _write_runs(args)
         return
     if args.command == "stock":

@@ -32,6 +32,10 @@ BURST = 128
 BURST_MAX_TOKENS = 1024
 DATASET_POLICIES = ("ray_default", "last_work", "ceiling", "oracle_work")
 STOCK = "ray_serve_llm"  # the stock app's label among the burst's policies
+# last_work's order with its predictions told up front (the `ceiling` policy's told-length path):
+# what the head's ranking buys when its prefill does not share the engines' cores.
+HEAD_TOLD = "last_told"
+TOLD_AS = {HEAD_TOLD: "ceiling"}  # a run label -> the router policy it runs as
 
 
 def dataset_burst(n: int = BURST, seed: int = 0) -> list[TraceRequest]:
@@ -39,6 +43,17 @@ def dataset_burst(n: int = BURST, seed: int = 0) -> list[TraceRequest]:
     trace = build_trace(split=("val", "test"), n=n, arrival="poisson", rate=1.0, seed=seed,
                         max_tokens=BURST_MAX_TOKENS)
     return [r.model_copy(update={"arrival_s": 0.0}) for r in trace]
+
+
+def told_head(trace: list[TraceRequest], head: str = "last") -> list[TraceRequest]:
+    """The burst with each prompt's `head` prediction (made offline by the same estimator path,
+    benchmarks.simulator.predictions) as the length the told-length policy ranks by; prompts the
+    predictor never takes (over max_prompt_tokens) rank on the prior, as they do live."""
+    from benchmarks.simulator.predictions import load_cache
+
+    cached = load_cache(head)
+    return [r.model_copy(update={"ceiling_tokens": round(cached[r.prompt_id].expected_tokens)
+                                 if r.prompt_id in cached else None}) for r in trace]
 
 
 def arrivals(trace: list[TraceRequest], process: str, rate: float, seed: int = 0) -> list[TraceRequest]:
