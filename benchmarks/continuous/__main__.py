@@ -136,7 +136,7 @@ def _stock(args, name: str, trace) -> None:
         connect()
         actors = spawn_actors(stack.base_url, args.actors, 3600)
         for k in todo:
-            execute(f"{name}/{bursts.STOCK}/r{k}", stack.base_url, actors, trace, None, None)
+            execute(f"{name}/{bursts.STOCK}/r{k}", stack.base_url, actors, trace, None, None, label=bursts.STOCK)
             _write_runs(args)
         ray.shutdown()
 

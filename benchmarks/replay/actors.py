@@ -249,6 +249,7 @@ def replay(
     timeout_s: float = 600,
     actors: list | None = None,
     t0: float | None = None,
+    label: str | None = None,
 ) -> list[RequestRecord]:
     """Replay `trace` against the router at `base_url` and return one record per request.
 
@@ -259,6 +260,8 @@ def replay(
     `load_rps` only labels open-loop records (the trace's arrivals already carry the rate).
     `t0`: the wall-clock time (time.time()) an open-loop trace starts at, if the caller must know
     it (to read the router's own records on the same clock); by default a moment from now.
+    `label`: what the records call the policy (default: `policy`, else the router's own from
+    /health; a server that is not lengthserve, such as Ray Serve LLM's app, needs one).
     Checks sent = completed + failed and raises LostRequests if any request has no record.
     """
     if mode not in ("open", "batch"):
@@ -269,7 +272,7 @@ def replay(
     actors = actors or spawn_actors(base_url, num_actors, timeout_s, model)
     t0 = t0 or time.time() + START_LEAD_S
     deadline = t0 + timeout_s
-    label = policy or httpx.get(f"{base_url}/health", timeout=30).json()["policy"]
+    label = label or policy or httpx.get(f"{base_url}/health", timeout=30).json()["policy"]
     if mode == "open":
         shards = [trace[i::len(actors)] for i in range(len(actors))]
         futures = [a.open_loop.remote([r.model_dump() for r in shard], t0, deadline, policy, label, load_rps)

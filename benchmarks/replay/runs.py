@@ -94,12 +94,14 @@ def read_run(run: str, out: Path = RUNS) -> list[RunRecord]:
 
 
 def execute(run: str, base_url: str, actors: list, trace: list[TraceRequest], policy: str | None,
-            router_log: Path | None, timeout_s: float = 3600, out: Path = RUNS) -> list[RunRecord]:
+            router_log: Path | None, timeout_s: float = 3600, out: Path = RUNS,
+            label: str | None = None) -> list[RunRecord]:
     """Replay `trace` open-loop (a burst: every arrival 0) and write the run's joined records."""
     trace = [r.model_copy(update={"request_id": f"{run}:{r.request_id}"}) for r in trace]  # unique per run
     seen = _log_lines(router_log)
     t0 = time.time() + START_LEAD_S
-    records = replay(base_url, trace, policy=policy, mode="open", timeout_s=timeout_s, actors=actors, t0=t0)
+    records = replay(base_url, trace, policy=policy, mode="open", timeout_s=timeout_s, actors=actors, t0=t0,
+                     label=label)
     time.sleep(1.0)  # the router writes its last records as the streams close
     log = _log_lines(router_log)[len(seen):] if router_log is not None else []
     joined = join(run, trace, records, [json.loads(line) for line in log], t0)
