@@ -153,6 +153,7 @@ import time  # noqa: E402
 from predictor.checkpoint import CheckpointMeta  # noqa: E402
 from predictor.head import LengthHead  # noqa: E402
 from predictor.online import OnlineLearner, RefitPolicy, online_bins, published_version, read_published  # noqa: E402
+from predictor.online.learner import is_heldout  # noqa: E402
 from predictor.online.publish import POINTER, publish_head  # noqa: E402
 from predictor.online.quality import concordance  # noqa: E402
 from predictor.online.refit import Candidate, HeldOut  # noqa: E402
@@ -278,6 +279,22 @@ def test_ready_to_refit_waits_for_samples_new_labels_and_time(tmp_path):
     feed(lr, traffic(60, start=100))
     assert not lr.ready_to_refit() and lr.ready_to_refit(now=time.time() + 61)
     assert not RefitPolicy().due(samples=5000, new_labels=199, seconds_since_last=1e9)
+
+
+def test_no_refit_is_due_before_a_held_out_request_of_known_length(tmp_path):
+    """A candidate is judged on held-out rows whose length is known; a refit without one could only fail."""
+    lr = learner(tmp_path, policy=RefitPolicy(min_new_labels=1, min_interval_s=0, min_samples=10))
+    rows = list(traffic(40))
+    held = [r for r in rows if is_heldout(r[0], lr.heldout_share)]
+    train = [r for r in rows if not is_heldout(r[0], lr.heldout_share)]
+    assert held and train
+    feed(lr, train)
+    assert not lr.ready_to_refit()  # enough samples, none held out
+    feed(lr, [(rid, x, p, 3, True) for rid, x, p, _, _ in held])  # held out, but cut at 3 tokens: censored
+    assert not lr.ready_to_refit()
+    known = next(f"known{i}" for i in range(1000) if is_heldout(f"known{i}", lr.heldout_share))
+    feed(lr, [(known, held[0][1], held[0][2], 200, False)])
+    assert lr.ready_to_refit()
 
 
 def _predicting(tokens: float) -> tuple[LengthHead, CheckpointMeta]:

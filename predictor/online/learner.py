@@ -61,7 +61,7 @@ import torch
 from safetensors.torch import load, save
 
 from predictor.checkpoint import CheckpointMeta
-from predictor.fit import FitConfig
+from predictor.fit import FitConfig, scorable
 from predictor.head import LengthBins, LengthHead
 from predictor.losses import LossConfig
 from predictor.online.publish import atomic_write, publish_head, read_published
@@ -179,7 +179,16 @@ class OnlineLearner:
         now = time.time() if now is None else now
         since = float("inf") if self.last_refit_at is None else now - self.last_refit_at
         with self._lock:
-            return self.policy.due(len(self.reservoir), self.counters["new_labels"], since)
+            if not self.policy.due(len(self.reservoir), self.counters["new_labels"], since):
+                return False
+            # A candidate is judged on held-out rows of known length: without one a refit can only fail.
+            rows = self.reservoir.observations()
+        held = [o for o in rows if is_heldout(o.key, self.heldout_share)]
+        if not held or len(held) == len(rows):
+            return False
+        keep, _ = scorable(torch.tensor([float(o.tokens) for o in held]), torch.tensor([o.censored for o in held]),
+                           self.bins)
+        return bool(keep.any())
 
     def snapshot(self) -> RefitData:
         """The data of a refit, which counts as started now (for `ready_to_refit`)."""
