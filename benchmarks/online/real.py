@@ -161,9 +161,6 @@ def cold_start(n: int, rate: float, share: float, compare: int | None = None, se
         "p50_ttft_ratio_vs_off": ratio(on_side["p50_ttft_s"], off_side["p50_ttft_s"]),
         "failed": on["failed"] + off["failed"], "failed_on": on["failed"], "failed_off": off["failed"],
         "rss_growth": on["rss_growth"], "live": live_blocks(on["log"]),
-        "on": {"throughput_tok_s": on["summary"]["throughput_tok_s"], "p50_ttft_s": on["p50_ttft_s"],
-               "mean_jct_s": on["summary"]["mean_jct_s"]},
-        "off": {"throughput_tok_s": off["summary"]["throughput_tok_s"], "p50_ttft_s": off["p50_ttft_s"],
-                "mean_jct_s": off["summary"]["mean_jct_s"]},
+        "on": on_side, "off": off_side,
         "learner_final": next((p["learner"] for p in reversed(on["polls"]) if p["learner"]), None),
     }
