@@ -160,3 +160,40 @@ def test_the_real_runs_trust_point_and_live_blocks_come_from_the_router_log():
     first, second = live_blocks(log)
     assert (first["requests"], first["predicted"], second["requests"]) == (100, 99, 150)
     assert first["mae"] == 5.0 and first["concordance"] == 1.0  # the cut answer and the unpredicted one left out
+
+
+def test_the_cold_start_result_compares_learning_on_and_off_over_the_same_requests(monkeypatch):
+    """cold_start's own bookkeeping, with the two stack runs replaced (a real run takes 40 minutes)."""
+    import transformers
+
+    import benchmarks.continuous.real as continuous_real
+    from benchmarks.online import real
+    from benchmarks.replay.records import RequestRecord
+    from benchmarks.replay.trace import TraceRequest
+
+    prompts = [TraceRequest(request_id=f"r{i}", arrival_s=0.0, prompt_id=f"p{i}", scenario="chat",
+                            messages=[{"role": "user", "content": "hi"}], max_tokens=8, true_output_tokens=0,
+                            prompt_tokens=5) for i in range(6)]
+    monkeypatch.setattr(continuous_real, "held_out_chat", lambda tokenizer, n, seed: prompts[:n])
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: None)
+    runs = []
+
+    def fake_run_stack(trace, overrides):
+        slow = 2.0 if overrides else 1.0  # the learning stack takes twice as long per request
+        runs.append((len(trace), overrides))
+        records = [RequestRecord(policy="last_work", mode="open", request_id=r.request_id, scenario="chat",
+                                 arrival_s=r.arrival_s, first_token_s=r.arrival_s + 0.1 * slow,
+                                 finish_s=r.arrival_s + slow, prompt_tokens=5, completion_tokens=10,
+                                 true_output_tokens=0, status="ok") for r in trace]
+        polls = [{"t": 1.0, "learner": {"version": None}, "trusted": False},
+                 {"t": 2.0, "learner": {"version": 1}, "trusted": True}]
+        log = [{"finished_at": 1.5, "completion_tokens": 10, "finish_reason": "stop", "prediction": None}]
+        return {"records": records, "failed": 0, "polls": polls, "log": log, "rss_growth": {}}
+
+    monkeypatch.setattr(real, "run_stack", fake_run_stack)
+    out = real.cold_start(6, 1.0, 1.0, compare=3)
+    assert [n for n, _ in runs] == [6, 3] and runs[0][1]["predictor"]["checkpoint"] == "online" and runs[1][1] == {}
+    assert out["compared_requests"] == 3 and out["on"]["requests"] == out["off"]["requests"] == 3
+    assert out["throughput_ratio_vs_off"] < 1 and out["trusted_after_requests"] == 1
+    assert out["first_head_after_s"] == 1.0 and out["failed"] == 0
+    assert report.real_lines(out)[0] == "## A cold start on the real stack"
