@@ -39,6 +39,7 @@ def _validate(args) -> None:
         "fit_runs": result["fit_runs"], "held_out_runs": result["held_out_runs"],
         "aggregate_error": {k: v["signed"] for k, v in result["aggregate"].items()},
         "aggregate_absolute_error": {k: v["absolute"] for k, v in result["aggregate"].items()},
+        "noise_floor": result["noise_floor"],
         "sign_agreement": {k: result["sign_agreement"][k] for k in ("agree", "of")}})
     print(json.dumps({k: result[k] for k in ("fit", "aggregate", "sign_agreement")}, indent=1)[:3000])
 
