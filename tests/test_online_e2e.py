@@ -48,12 +48,16 @@ def test_a_stack_with_no_head_serves_and_learns_from_its_own_traffic(stack):
     base = status
     assert status["version"] is None  # nothing learned yet: length-blind routing
     sent = cut = 0
-    # A refit waits for MIN_SAMPLES labelled requests, some of them held out with a known length.
+    # A refit waits for MIN_SAMPLES labelled requests, some of them held out with a known length: a
+    # held-out answer cut by its max_tokens cannot judge a head. Every third request is cut at 4
+    # tokens (censored labels); the others get room to finish, so the held-out fifth (drawn by
+    # request id) has exact lengths (with max_tokens 64 two in three were cut, and CI once drew
+    # ten held-out rows that were all cut).
     while status["installs"] + status["rejections"] < 1:
         assert sent < 80, f"no refit decided after {sent} requests: {status}"
         for _ in range(4):
             reply = client.chat.completions.create(
-                model=stack.model, max_tokens=4 if sent % 3 == 0 else 64,
+                model=stack.model, max_tokens=4 if sent % 3 == 0 else 256,
                 messages=[{"role": "user", "content": PROMPTS[sent % len(PROMPTS)]}])
             assert reply.choices[0].message.content is not None
             cut += reply.choices[0].finish_reason == "length"

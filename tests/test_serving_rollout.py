@@ -85,7 +85,9 @@ def test_fifo_keeps_prompt_order_and_every_sample_of_n_comes_back():
 
 
 def test_a_queue_that_fills_mid_rollout_is_a_429_with_no_sample_left_running():
-    lengths = {p: 400 for p in "abcdefgh"}
+    # The first sample is short, so its slot frees while the next three still decode: the full queue
+    # must then cancel them mid-stream (equal lengths would all end together on a slow machine).
+    lengths = {p: 10 if p == "a" else 4000 for p in "abcdefgh"}
     runner, fake, gate = _runner(lengths)
     offer, offered = gate.offer, []
 

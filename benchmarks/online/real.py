@@ -90,12 +90,14 @@ def trusted_after(polls: list[dict], log: list[dict]) -> int | None:
     return sum(e["finished_at"] is not None and e["finished_at"] <= first for e in log)
 
 
-def run_stack(trace: list[TraceRequest], overrides: dict, actors_n: int = 2) -> dict:
-    """Replay `trace` on a stack with `overrides`; the client's records, the router's, the polls, RSS."""
+def run_stack(run: str, trace: list[TraceRequest], overrides: dict, actors_n: int = 2) -> dict:
+    """Replay `trace` on a stack with `overrides`: the run's per-request records (also written to
+    benchmarks/results/runs/<run>.jsonl, ids prefixed with the run), the router's log, the polls, RSS."""
     import ray
 
-    from benchmarks.replay.actors import connect, replay, spawn_actors
+    from benchmarks.replay.actors import connect, spawn_actors
     from benchmarks.replay.metrics import summarise
+    from benchmarks.replay.runs import execute
     from benchmarks.replay.stack import RunningStack
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -108,24 +110,33 @@ def run_stack(trace: list[TraceRequest], overrides: dict, actors_n: int = 2) -> 
             polls, stop = [], threading.Event()
             poller = threading.Thread(target=_poll, args=(stack.base_url, stop, polls), daemon=True)
             poller.start()
-            records = replay(stack.base_url, trace, mode="open", timeout_s=7200, actors=actors)
+            records = execute(run, stack.base_url, actors, trace, None, log, timeout_s=7200)
             stop.set()
             poller.join()
             ray.shutdown()
             entries = [json.loads(line) for line in log.read_text().splitlines()]
+    records = [r.model_copy(update={"request_id": r.request_id.removeprefix(f"{run}:")}) for r in records]
     return {"records": records, "failed": summarise(records, 8)["failed"], "polls": polls, "log": entries,
             "rss_growth": rss_growth(polls)}
 
 
 def serving_figures(records: list, ids: set[str]) -> dict:
-    """Throughput, p50 TTFT and mean JCT over the requests in `ids`."""
+    """Throughput, p50 TTFT, mean JCT and p50 time per output token over the requests in `ids`.
+
+    At a calm load throughput follows the arrivals and the sampled lengths (temperature 0.7: the
+    two runs generate different tokens for the same prompts); the time per output token is what
+    learning's CPU would slow, whatever the lengths."""
     from benchmarks.replay.metrics import summarise
 
     chosen = [r for r in records if r.request_id in ids]
     summary = summarise(chosen, 8)
-    ttft = sorted(r.ttft_s for r in chosen if r.status == "ok")
+    ok = [r for r in chosen if r.status == "ok"]
+    ttft = [r.ttft_s for r in ok]
+    tpot = [(r.finish_s - r.first_token_s) / (r.completion_tokens - 1) for r in ok if (r.completion_tokens or 0) > 1]
     return {"requests": len(chosen), "throughput_tok_s": summary["throughput_tok_s"],
-            "p50_ttft_s": float(np.percentile(ttft, 50)) if ttft else None, "mean_jct_s": summary["mean_jct_s"]}
+            "completion_tokens": sum(r.completion_tokens or 0 for r in ok),
+            "p50_ttft_s": float(np.percentile(ttft, 50)) if ttft else None, "mean_jct_s": summary["mean_jct_s"],
+            "p50_tpot_s": float(np.percentile(tpot, 50)) if tpot else None}
 
 
 def cold_start(n: int, rate: float, share: float, compare: int | None = None, seed: int = 0) -> dict:
@@ -144,10 +155,10 @@ def cold_start(n: int, rate: float, share: float, compare: int | None = None, se
     times = arrival_times(n, "poisson", rate, random.Random(seed))
     trace = [r.model_copy(update={"arrival_s": t, "max_tokens": MAX_TOKENS}) for r, t in zip(prompts, times)]
     with tempfile.TemporaryDirectory() as state:
-        on = run_stack(trace, {"predictor": {"checkpoint": "online", "online": {
+        on = run_stack("online_cold_start__on", trace, {"predictor": {"checkpoint": "online", "online": {
             "state_dir": state, "dispatched_share": share, "min_new_labels": 50, "min_interval_s": 60}}})
     compared = trace[:compare or n]
-    off = run_stack(compared, {})
+    off = run_stack("online_cold_start__off", compared, {})
     ids = {r.request_id for r in compared}
     on_side, off_side = serving_figures(on["records"], ids), serving_figures(off["records"], ids)
     versions = [(p["t"], (p["learner"] or {}).get("version")) for p in on["polls"]]
@@ -159,6 +170,7 @@ def cold_start(n: int, rate: float, share: float, compare: int | None = None, se
         "first_head_after_s": next((t - versions[0][0] for t, v in versions if v), None) if versions else None,
         "throughput_ratio_vs_off": ratio(on_side["throughput_tok_s"], off_side["throughput_tok_s"]),
         "p50_ttft_ratio_vs_off": ratio(on_side["p50_ttft_s"], off_side["p50_ttft_s"]),
+        "p50_tpot_ratio_vs_off": ratio(on_side["p50_tpot_s"], off_side["p50_tpot_s"]),
         "failed": on["failed"] + off["failed"], "failed_on": on["failed"], "failed_off": off["failed"],
         "rss_growth": on["rss_growth"], "live": live_blocks(on["log"]),
         "on": on_side, "off": off_side,

@@ -63,9 +63,10 @@ def real_lines(real: dict) -> list[str]:
     trusted = real["trusted_after_requests"]
     cost = None if real["throughput_ratio_vs_off"] is None else 1 - real["throughput_ratio_vs_off"]
     growth = real.get("rss_growth") or {}
+    untrusted = (f"not within the run's {real['requests']}" if real["requests"] < 500 else "never")
     checks = [
         ("trusted within 500 requests", trusted is not None and trusted <= 500,
-         "never" if trusted is None else f"after {trusted}"),
+         untrusted if trusted is None else f"after {trusted}"),
         ("no failed request", real["failed"] == 0, f"{real['failed']} failed"),
         ("throughput cost <= 5% against learning off", cost is not None and cost <= 0.05,
          "-" if cost is None else f"{100 * cost:+.1f}%"),
@@ -85,7 +86,11 @@ def real_lines(real: dict) -> list[str]:
              f"first head after {_f(real['first_head_after_s'])} s.", "",
              "| target | held | measured |", "|---|---|---|",
              *[f"| {name} | {'yes' if ok else 'MISSED'} | {value} |" for name, ok, value in checks],
-             f"| p50 TTFT against learning off | - | {_f(real['p50_ttft_ratio_vs_off'])}x |", "",
+             f"| p50 TTFT against learning off | - | {_f(real['p50_ttft_ratio_vs_off'])}x |",
+             f"| p50 time per output token against learning off | - | {_f(real.get('p50_tpot_ratio_vs_off'), 2)}x |",
+             "", "At this calm load throughput follows the arrivals and the sampled lengths (on: "
+             f"{real['on'].get('completion_tokens', '-')} tokens, off: {real['off'].get('completion_tokens', '-')}); "
+             "the time per output token is what learning's CPU would slow.", "",
              "Live predictions (shadow ones while the learned head is not trusted yet) per 100 finished requests: "
              "MAE and rank concordance over those whose length is exact (answers cut at max_tokens left out).", "",
              "| finished requests | predicted | MAE (tokens) | concordance |", "|---|---|---|---|",
