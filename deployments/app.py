@@ -19,6 +19,8 @@ from deployments.predictor_deployment import LengthPredictor
 from predictor.checkpoint import CheckpointMeta, load_checkpoint
 from predictor.model_files import model_weights_hash, resolve_model_source
 from predictor.online import online_bins
+from predictor.online.learner import RECIPE
+from predictor.pooling import PoolingConfig
 from scheduling.policies import DEFAULT_HEAD, head_of
 from serving.config import REPO_ROOT, PredictorSpec, RoutingPlan, StackConfig
 
@@ -51,7 +53,8 @@ def _build_learner(config: StackConfig, model_path: str, base: Path | None):
     )
 
 
-def _build_predictor(spec: PredictorSpec, checkpoints: dict[str, Path], model_path: str, learner):
+def _build_predictor(spec: PredictorSpec, checkpoints: dict[str, Path], model_path: str, learner,
+                     learned: tuple[str, PoolingConfig] | None = None):
     options = {**spec.deployment, "name": "length-predictor"}
     # Below the batch size, Serve would never let a batch fill (its default is 5 per replica).
     options.setdefault("max_ongoing_requests", 4 * spec.max_batch_size)
@@ -65,6 +68,7 @@ def _build_predictor(spec: PredictorSpec, checkpoints: dict[str, Path], model_pa
         device="cuda" if spec.gpus else "cpu", dtype=spec.dtype, max_batch_size=spec.max_batch_size,
         batch_wait_timeout_s=spec.batch_wait_timeout_s, max_batch_tokens=spec.max_batch_tokens,
         max_prompt_tokens=spec.max_prompt_tokens, learner=learner,
+        learned_head=None if learned is None else learned[0], learned_pooling=None if learned is None else learned[1],
     )
 
 
@@ -77,13 +81,17 @@ def build_app(args: dict) -> Application:
         checkpoints = spec.heads(config.router.policy, every_predicted=config.router.benchmark_headers)
         metas = {name: _checkpoint_meta(path, model_path) for name, path in checkpoints.items()}
         heads = {name: meta.bins for name, meta in metas.items()}  # the router's default head first
+        learned = None
         if spec.online is not None:
-            learned = head_of(config.router.policy) or DEFAULT_HEAD
+            name = head_of(config.router.policy) or DEFAULT_HEAD
+            # The learner refits the head it was given (or the "last" recipe from nothing), so the
+            # features the predictor sends it are pooled as that head reads them.
+            learned = (name, metas[name].pooling if name in metas else RECIPE.pooling)
             learner = _build_learner(config, model_path, spec.checkpoint_path(config.router.policy))
             if spec.cold:  # the learner's bins, fixed for its life (predictor.online.learner.online_bins)
-                heads = {learned: online_bins(spec.online.max_tokens), **heads}
-        predictor_name = next(iter(metas.values())).pooling.method if metas else "last"
-        predictor = _build_predictor(spec, checkpoints, model_path, learner)
+                heads = {name: online_bins(spec.online.max_tokens), **heads}
+        predictor_name = next(iter(metas.values())).pooling.method if metas else RECIPE.pooling.method
+        predictor = _build_predictor(spec, checkpoints, model_path, learner, learned)
     plan = RoutingPlan.of(config, model_path, heads, predictor_name)
     pools = {pool.name: build_pool(config.model, pool, config.router) for pool in config.pools}
     return Router.options(**router_options(config)).bind(pools=pools, predictor=predictor, config=config, plan=plan,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ from predictor.online.publish import published_version, version_dir
 
 log = logging.getLogger("ray.serve")
 CHECK_S = 5.0  # how often the learner looks whether a refit is due, or done
+SAVE_S = 60.0  # between refits, a restart loses at most this long of what the learner took in
 
 
 @serve.deployment
@@ -62,9 +64,10 @@ class LengthLearner:
             self.learner.add_label(request_id, tokens, censored)
 
     async def head(self, known: int | None) -> dict | None:
-        """The installed head if it is newer than `known`: its version and its checkpoint's two files."""
+        """The installed head unless it is the one at `known`: its version and its checkpoint's two
+        files. Any other version, not only a newer one: a wiped state directory counts from 1 again."""
         version = published_version(self.learner.state_dir)
-        if version is None or (known is not None and version <= known):
+        if version is None or version == known:
             return None
         stem = version_dir(self.learner.state_dir, version) / "head"
         return {"version": version, "weights": stem.with_suffix(".safetensors").read_bytes(),
@@ -77,13 +80,21 @@ class LengthLearner:
         return status
 
     async def _refit_loop(self) -> None:
+        saved = (time.monotonic(), self.learner.reservoir.offered)
         while True:
             await asyncio.sleep(CHECK_S)
             try:
-                if not self._refits.busy and self.learner.ready_to_refit():
-                    candidate = await asyncio.wrap_future(self._refits.submit(self.learner.snapshot()))
+                # Off the loop: a snapshot stacks and saves the whole reservoir, and the replica
+                # must keep taking features, labels and /health meanwhile.
+                if await asyncio.to_thread(self.learner.ready_to_refit):
+                    data = await asyncio.to_thread(self.learner.snapshot)
+                    saved = (time.monotonic(), data.observed)
+                    candidate = await asyncio.wrap_future(self._refits.submit(data))
                     installed = await asyncio.to_thread(self.learner.consider, candidate)
                     log.info("learner refit: %s installed=%s", candidate.quality, installed)
+                elif self.learner.reservoir.offered != saved[1] and time.monotonic() - saved[0] >= SAVE_S:
+                    saved = (time.monotonic(), self.learner.reservoir.offered)
+                    await asyncio.to_thread(self.learner.save)
                 self._publish_metrics()
             except Exception:  # a failed refit leaves the current head serving; the next one may do better
                 log.exception("learner refit failed")

@@ -54,6 +54,7 @@ class Request:
     target_pool: str | None = None  # a pool planned beforehand (batch replays): no decision
     family: Hashable | None = None  # the prompt a rollout sample belongs to (its siblings share it)
     # The prediction, when it lands.
+    sent_to_predictor: bool = False  # its prompt went to the predictor (a learning one keeps its features)
     prediction: Prediction | None = None
     prediction_failure: str | None = None  # why there is none (timeout, prompt_too_long, ...)
     predicted_at: float | None = None

@@ -148,6 +148,7 @@ class Pipeline:
         waiting it is made only if a predictor slot is free now."""
         if ids is None:
             return Outcome(None, request.prediction_failure)
+        request.sent_to_predictor = True
         outcome = await self.predictor.predict(
             ids, request.max_tokens, head_of(request.policy), wait=not beside or request.queued,
             timeout_s=self.config.router.request_timeout_s if beside else None, request_id=request.id)
@@ -221,7 +222,9 @@ class Pipeline:
         self.metrics.inflight(request.pool, self.scheduler.inflight(request.pool))
         self.queue_metrics.waiting(request.pool, len(self.scheduler.queues[request.pool]))
         self._score(request)
-        if self.labels is not None and (label := request.natural_length()) is not None:
+        # Only a request the predictor saw has features to join: other labels would wait for
+        # features that never come.
+        if self.labels is not None and request.sent_to_predictor and (label := request.natural_length()) is not None:
             self.labels.add(request.id, *label)
         if self.request_log is not None:
             self.request_log.write(request)

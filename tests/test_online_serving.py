@@ -8,6 +8,7 @@ import json
 import threading
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from api.validation import parse_request
@@ -40,11 +41,11 @@ class FakeLearner:
         self.labels_sent.extend(rows)
 
 
-def _cold_pipeline(predictor, learner, policy="last", **pool):
+def _cold_pipeline(predictor, learner, policy="last", share=1.0, **pool):
     name = next(_names)
     config = StackConfig.model_validate({
         "pools": [{"name": name, "deployment": {"num_replicas": 1, "max_ongoing_requests": 8}}],
-        "predictor": {"checkpoint": "online", "online": {"dispatched_share": 1.0}},
+        "predictor": {"checkpoint": "online", "online": {"dispatched_share": share}},
         "router": {"policy": policy, "fallback_policy": "ray_default",
                    "live_quality": {"window": 20, "min_samples": 10, "floor": 0.55}}})
     plan = RoutingPlan(str(MODEL_DIR), Pools((name,), ()), {"last": BINS}, "last", prior_tokens=250.0)
@@ -72,6 +73,22 @@ def test_labels_reach_the_learner_only_for_natural_lengths():
 
     free, forced, several, floored = asyncio.run(run())
     assert learner.labels_sent == [(free.id, 40, False)]  # ignore_eos, n > 1, min_tokens: not the model's own length
+
+
+def test_a_request_the_predictor_never_saw_sends_no_label():
+    learner = FakeLearner()
+    predictor = FakePredictor({"last": BINS})
+    pipeline, _ = _cold_pipeline(predictor, learner, share=0.0, tokens=40)
+
+    async def run():
+        s = await pipeline.serve(_body(100), "chat", Overrides())  # a free slot: dispatched at once
+        s.answer.json()
+        pipeline.labels.flush()
+        return s.request
+
+    request = asyncio.run(run())
+    assert not request.sent_to_predictor and request.completion_tokens == 40
+    assert learner.labels_sent == []  # no features for it: its label would only wait to expire
 
 
 def test_a_label_stopped_by_max_tokens_is_sent_as_censored():
@@ -192,7 +209,8 @@ def test_a_restarted_predictor_serves_the_learners_head_at_once(tmp_path):
     handle = SimpleNamespace(head=SimpleNamespace(remote=learner.head))  # learner.head.remote(version), awaited
 
     async def run():
-        predictor = predictor_cls(str(MODEL_DIR), {}, learner=handle, max_batch_size=2)
+        predictor = predictor_cls(str(MODEL_DIR), {}, learner=handle, max_batch_size=2, learned_head="last",
+                                  learned_pooling=meta.pooling)
         puller = asyncio.get_running_loop().create_task(predictor._pull_heads())
         for _ in range(100):
             if predictor._version is not None:
@@ -203,3 +221,14 @@ def test_a_restarted_predictor_serves_the_learners_head_at_once(tmp_path):
 
     predictor = asyncio.run(run())
     assert predictor._version == 3 and "last" in predictor._estimator.predict_each([[1, 2, 3]])[0]
+
+
+@pytest.mark.parametrize("policy,pooling", [("estp_work", "estp"), ("last_work", "last")])
+def test_the_predictor_sends_the_learner_features_pooled_as_the_head_it_refits_reads(tmp_path, policy, pooling):
+    from deployments.app import build_app
+
+    app = build_app({"router": {"policy": policy},
+                     "predictor": {"online": {"state_dir": str(tmp_path)}}})  # an absolute path stays as it is
+    router = app._bound_deployment.init_kwargs
+    predictor = router["predictor"]._bound_deployment.init_kwargs
+    assert predictor["learned_head"] == pooling and predictor["learned_pooling"].method == pooling

@@ -5,6 +5,7 @@ refit scheduler. Small synthetic inputs, one torch thread, no model and no Ray."
 import pytest
 import torch
 
+from predictor.checkpoint import BaseModelMismatchError
 from predictor.fit import FitConfig, fit_head, scorable
 from predictor.head import LengthBins
 from predictor.losses import LossConfig, length_loss
@@ -182,6 +183,23 @@ def feed(lr: OnlineLearner, requests) -> None:
         lr.add_label(rid, tokens, cut)
 
 
+def test_unmatched_features_expire_by_age_not_by_the_traffic_that_finished_meanwhile(tmp_path):
+    import time
+
+    lr = learner(tmp_path, pending_ttl_s=0.3)
+    lr.add_features("long", torch.ones(D), 20)
+    for i in range(40):  # many short requests come and go while the long one decodes
+        lr.add_features(f"short{i}", torch.ones(D), 20)
+        lr.add_label(f"short{i}", 10, False)
+    lr.add_label("long", 900, False)
+    assert lr.status()["samples"] == 41
+    lr.add_features("abandoned", torch.ones(D), 20)  # its request never finishes
+    time.sleep(0.4)
+    lr.add_features("fresh", torch.ones(D), 20)
+    s = lr.status()
+    assert s["pending_features"] == 1 and s["expired_features"] == 1
+
+
 def test_features_and_labels_join_in_any_order_and_unmatched_ones_expire_by_count(tmp_path):
     lr = learner(tmp_path, max_pending=3)
     lr.add_label("a", 100, False)
@@ -262,6 +280,8 @@ def test_a_new_learner_over_the_same_directory_resumes_reservoir_version_and_hea
     assert [o.key for o in again.reservoir.observations()] == [o.key for o in lr.reservoir.observations()]
     with pytest.raises(ValueError):
         learner(tmp_path, bins=LengthBins.log_spaced(10))  # bins are fixed for the learner's life
+    with pytest.raises(BaseModelMismatchError):
+        learner(tmp_path, model_hash="another model")  # never serve another model's head
 
 
 def test_the_serving_head_and_the_learner_share_bins(tmp_path):
@@ -329,14 +349,16 @@ def test_heads_are_compared_on_recent_heldout_rows_when_the_traffic_shifts(tmp_p
 def test_a_request_cut_at_the_cap_trains_as_exact_and_one_cut_below_it_as_censored(tmp_path):
     for cap_as_exact in (True, False):
         lr = learner(tmp_path / str(cap_as_exact), cap_as_exact=cap_as_exact)
-        for i, (tokens, cut) in enumerate([(1024, True), (2048, True), (300, True), (1024, False)]):
+        for i, (tokens, cut) in enumerate([(1024, True), (2048, True), (300, True), (1024, False), (3000, False)]):
             lr.add_features(f"r{i}", torch.randn(D), 30)
             lr.add_label(f"r{i}", tokens, cut)
         data = lr.snapshot()
         order = [int(o.key[1:]) for o in lr.reservoir.observations()]
         by_request = {r: (t, c) for r, t, c in zip(order, data.tokens.tolist(), data.censored.tolist())}
-        expected = {0: (1024, not cap_as_exact), 1: (1024 if cap_as_exact else 2048, not cap_as_exact), 2: (300, True),
-                    3: (1024, False)}
+        # Lengths beyond the bins' reach are in the last bin: 2048 censored is "at least 1024", and
+        # an exact 3,000 (a client cap above the head's) scores as 1,024, not as a 2,000-token miss.
+        expected = {0: (1024, not cap_as_exact), 1: (1024, not cap_as_exact), 2: (300, True),
+                    3: (1024, False), 4: (1024, False)}
         assert by_request == expected
 
 
@@ -416,8 +438,19 @@ def test_a_background_refit_runs_in_a_low_priority_child_with_one_torch_thread(t
         child = background._pool  # the worker the refits run in
         assert child.submit(os.getpid).result() != os.getpid()
         assert child.submit(os.nice, 0).result() == 19 and child.submit(torch.get_num_threads).result() == 1
-        future = background.submit(lr.snapshot())
-        with pytest.raises(RuntimeError):
-            background.submit(lr.snapshot())
-        candidate = future.result(timeout=300)
+        candidate = background.submit(lr.snapshot()).result(timeout=300)
     assert candidate.quality["concordance"] > 0.7 and lr.consider(candidate) and lr.current()[0] == 1
+
+
+def test_a_refit_child_that_died_is_replaced_for_the_next_refit(tmp_path):
+    import os
+    from concurrent.futures.process import BrokenProcessPool
+
+    from predictor.online import BackgroundRefit
+
+    lr = learner(tmp_path)
+    feed(lr, traffic(200))
+    with BackgroundRefit() as background:
+        with pytest.raises(BrokenProcessPool):
+            background._pool.submit(os._exit, 1).result(timeout=120)  # the child killed, as by the OOM killer
+        assert background.submit(lr.snapshot()).result(timeout=300).quality["scored"] > 0

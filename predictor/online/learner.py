@@ -15,8 +15,9 @@ only when it is better than what serves now:
   makes every replica reload, so a draw is not worth one).
 The held-out rows are those whose key hashes into a fixed share (20%): stable across refits and
 restarts, so a request never moves from held-out into training and the heads are compared on rows
-none of them trained on. Keys default to the request id; a caller that knows several requests
-share a prompt (rollouts sampled n times) can pass the prompt as the key to keep them together.
+none of them trained on. Keys default to the request id (the serving stack's case: it cannot
+know which requests repeat a prompt); a caller that knows, such as the offline replay of a dataset
+with several samples per prompt, passes the prompt as the key so that its samples stay together.
 
 The MAE the rule compares weights each held-out row by its recency (half-life
 `recency_half_life` requests; None: a plain mean): the reservoir keeps old traffic on purpose, so
@@ -93,11 +94,17 @@ class OnlineLearner:
                  base_head: tuple[LengthHead, CheckpointMeta] | None = None, capacity: int = 4096,
                  floor: float = 0.55, *, model_id: str | None = None, model_hash: str | None = None,
                  max_tokens: int = 1024, heldout_share: float = 0.2, policy: RefitPolicy = RefitPolicy(),
-                 loss: LossConfig | None = None, fit: FitConfig | None = None, max_pending: int = 4096, seed: int = 0,
-                 recency_half_life: float | None = 300.0, cap_as_exact: bool = True):
+                 loss: LossConfig | None = None, fit: FitConfig | None = None, max_pending: int = 16384,
+                 pending_ttl_s: float = 3600.0, seed: int = 0, recency_half_life: float | None = 300.0,
+                 cap_as_exact: bool = True):
         """`base_head` (the offline head) serves as version 0 until a refit beats it, and gives the
         bins and base model unless they are given; without it, `model_id` and `model_hash` name
-        the serving model the features come from (they go into every checkpoint)."""
+        the serving model the features come from (they go into every checkpoint).
+
+        A request's features wait for its label as long as it may run (`pending_ttl_s`, above the
+        router's request timeout plus its queue wait): expiring them by count instead would drop the
+        longest requests' features first under heavy traffic, and teach the head that nothing is
+        long. `max_pending` only bounds memory (16,384 x 576 floats: 38 MB)."""
         self.state_dir = Path(state_dir)
         self.feature_dim = feature_dim
         self.floor = floor
@@ -105,7 +112,7 @@ class OnlineLearner:
         self.policy = policy
         self.loss = loss or LossConfig(name=RECIPE.loss)
         self.fit = fit or RECIPE.fit
-        self.max_pending = max_pending
+        self.max_pending, self.pending_ttl_s = max_pending, pending_ttl_s
         self.recency_half_life = recency_half_life
         self.cap_as_exact = cap_as_exact
         base_meta = base_head[1] if base_head else None
@@ -120,8 +127,9 @@ class OnlineLearner:
         self._lock = threading.RLock()  # traffic: pending maps, reservoir, counters
         self._install_lock = threading.Lock()  # one install decision at a time
         self._save_lock = threading.Lock()
-        self._pending_features: OrderedDict[str, tuple[torch.Tensor, int, str]] = OrderedDict()
-        self._pending_labels: OrderedDict[str, tuple[int, bool]] = OrderedDict()
+        # request id -> (when it came, its payload), oldest first
+        self._pending_features: OrderedDict[str, tuple[float, tuple[torch.Tensor, int, str]]] = OrderedDict()
+        self._pending_labels: OrderedDict[str, tuple[float, tuple[int, bool]]] = OrderedDict()
         self._current = (0, *base_head) if base_head else None
         self.counters = {"features": 0, "labels": 0, "expired_features": 0, "expired_labels": 0,
                          "new_labels": 0, "refits": 0, "installs": 0, "rejections": 0}
@@ -145,9 +153,9 @@ class OnlineLearner:
             self.counters["features"] += 1
             label = self._pending_labels.pop(request_id, None)
             if label is not None:
-                self._observe(key or request_id, vector, prompt_tokens, *label)
+                self._observe(key or request_id, vector, prompt_tokens, *label[1])
                 return
-            self._pending_features[request_id] = (vector, prompt_tokens, key or request_id)
+            self._pending_features[request_id] = (time.monotonic(), (vector, prompt_tokens, key or request_id))
             self._pending_features.move_to_end(request_id)
             self._expire(self._pending_features, "expired_features")
 
@@ -157,15 +165,16 @@ class OnlineLearner:
             self.counters["labels"] += 1
             features = self._pending_features.pop(request_id, None)
             if features is not None:
-                vector, prompt_tokens, key = features
+                vector, prompt_tokens, key = features[1]
                 self._observe(key, vector, prompt_tokens, int(tokens), bool(censored))
                 return
-            self._pending_labels[request_id] = (int(tokens), bool(censored))
+            self._pending_labels[request_id] = (time.monotonic(), (int(tokens), bool(censored)))
             self._pending_labels.move_to_end(request_id)
             self._expire(self._pending_labels, "expired_labels")
 
     def _expire(self, pending: OrderedDict, counter: str) -> None:
-        while len(pending) > self.max_pending:
+        too_old = time.monotonic() - self.pending_ttl_s
+        while pending and (len(pending) > self.max_pending or next(iter(pending.values()))[0] < too_old):
             pending.popitem(last=False)
             self.counters[counter] += 1
 
@@ -201,7 +210,11 @@ class OnlineLearner:
             if self.cap_as_exact:
                 at_cap = censored & (tokens >= self.bins.max_tokens)
                 tokens, censored = torch.where(at_cap, float(self.bins.max_tokens), tokens), censored & ~at_cap
+            # An answer longer than the bins reach (a client cap above the head's) is in the last bin;
+            # unclamped, a few such rows would dominate the held-out MAE that decides installs.
+            tokens = tokens.clamp(max=float(self.bins.max_tokens))
             age = torch.tensor([self.reservoir.offered - 1 - o.seq for o in rows], dtype=torch.float32)
+            age -= age.min()  # weights relative to the newest row: absolute ones underflow in a long life
             half_life = self.recency_half_life
             data = RefitData(
                 x=torch.stack([o.vector for o in rows]), tokens=tokens, censored=censored,
@@ -292,7 +305,10 @@ class OnlineLearner:
             atomic_write(self.state_dir / STATE_FILE, save(tensors, metadata={"state": state_json}))
 
     def _resume(self, bins: LengthBins | None) -> None:
-        published = read_published(self.state_dir)
+        # A state directory reused for another model must not serve that model's head here.
+        published = read_published(self.state_dir, self.model_hash)
+        if published and published[2].feature_dim != self.feature_dim:
+            raise ValueError(f"{self.state_dir} serves a head of {published[2].feature_dim} features, learner {self.feature_dim}")
         if published:
             self._current = published
             if bins is None:  # the head a directory serves fixes the bins its refits compete on

@@ -42,6 +42,8 @@ def mae(predicted: Tensor, tokens: Tensor, censored: Tensor, bins: LengthBins,
     if weight is None:
         return error.mean().item()
     w = weight.float()[keep]
+    if w.sum() <= 0:  # every scored row too old to weigh: judge them alike rather than not at all
+        return error.mean().item()
     return ((error * w).sum() / w.sum()).item()
 
 

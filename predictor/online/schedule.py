@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 
 from pydantic import BaseModel, Field
@@ -41,21 +42,24 @@ def _low_priority() -> None:
 
 class BackgroundRefit:
     """`submit(learner.snapshot())` returns a Future of the Candidate; hand it to
-    `learner.consider`. One refit at a time."""
+    `learner.consider`. The caller awaits each refit before the next."""
 
     def __init__(self):
-        self._pool = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), initializer=_low_priority)
-        self._running: Future | None = None
+        self._pool = self._child()
 
-    @property
-    def busy(self) -> bool:
-        return self._running is not None and not self._running.done()
+    @staticmethod
+    def _child() -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), initializer=_low_priority)
 
     def submit(self, data: RefitData) -> Future:
-        if self.busy:
-            raise RuntimeError("a refit is already running")
-        self._running = self._pool.submit(fit_candidate, data)
-        return self._running
+        """A child that died (killed for memory, say) breaks its pool for good: the refit goes to a
+        new child instead of every later refit failing until the replica restarts."""
+        try:
+            return self._pool.submit(fit_candidate, data)
+        except BrokenProcessPool:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = self._child()
+            return self._pool.submit(fit_candidate, data)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
