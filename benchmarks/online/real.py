@@ -155,10 +155,10 @@ def cold_start(n: int, rate: float, share: float, compare: int | None = None, se
     times = arrival_times(n, "poisson", rate, random.Random(seed))
     trace = [r.model_copy(update={"arrival_s": t, "max_tokens": MAX_TOKENS}) for r, t in zip(prompts, times)]
     with tempfile.TemporaryDirectory() as state:
-        on = run_stack("online_cold_start__on", trace, {"predictor": {"checkpoint": "online", "online": {
+        on = run_stack("online_cold_start/learning_on/r0", trace, {"predictor": {"checkpoint": "online", "online": {
             "state_dir": state, "dispatched_share": share, "min_new_labels": 50, "min_interval_s": 60}}})
     compared = trace[:compare or n]
-    off = run_stack("online_cold_start__off", compared, {})
+    off = run_stack("online_cold_start/learning_off/r0", compared, {})
     ids = {r.request_id for r in compared}
     on_side, off_side = serving_figures(on["records"], ids), serving_figures(off["records"], ids)
     versions = [(p["t"], (p["learner"] or {}).get("version")) for p in on["polls"]]
