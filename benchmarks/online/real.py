@@ -132,7 +132,7 @@ def serving_figures(records: list, ids: set[str]) -> dict:
     summary = summarise(chosen, 8)
     ok = [r for r in chosen if r.status == "ok"]
     ttft = [r.ttft_s for r in ok]
-    tpot = [(r.finish_s - r.first_token_s) / (r.completion_tokens - 1) for r in ok if (r.completion_tokens or 0) > 1]
+    tpot = [r.tpot_s for r in ok if r.tpot_s is not None]
     return {"requests": len(chosen), "throughput_tok_s": summary["throughput_tok_s"],
             "completion_tokens": sum(r.completion_tokens or 0 for r in ok),
             "p50_ttft_s": float(np.percentile(ttft, 50)) if ttft else None, "mean_jct_s": summary["mean_jct_s"],

@@ -46,6 +46,13 @@ class RequestRecord(BaseModel):
     def ttft_s(self) -> float | None:
         return None if self.first_token_s is None else self.first_token_s - self.arrival_s
 
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first: the decode speed, whatever the length."""
+        if self.first_token_s is None or self.finish_s is None or (self.completion_tokens or 0) < 2:
+            return None
+        return (self.finish_s - self.first_token_s) / (self.completion_tokens - 1)
+
 
 def write_records(path: Path, records: list[RequestRecord], append: bool = False) -> None:
     with open(path, "a" if append else "w", encoding="utf-8") as fh:
