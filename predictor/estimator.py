@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from predictor.checkpoint import CheckpointMeta, load_checkpoint
-from predictor.features import (FeatureConfig, PrefillFeatures, check_supported, extract_features, micro_batches,
+from predictor.features import (MAX_PADDING, FeatureConfig, PrefillFeatures, check_supported, extract_features, micro_batches,
                                 pad_left)
 from predictor.head import LengthHead, LengthPrediction, summarise
 from predictor.model_files import model_weights_hash
@@ -74,11 +74,15 @@ class LengthEstimator:
     With `learn` (a pooling), each prediction also returns that pooling of the prompt, the input
     a learning head trains on (predictor.online); the estimator can then start with no head at
     all (a cold start: features, no predictions) and take heads as they are learned (`set_head`).
+
+    With `truncate_prompt_tokens`, a longer prompt is predicted from its last N tokens: the
+    prefill's cost grows with the prompt, and on a CPU it competes with the engines' decoding
+    (benchmarks/results/predictor_levers.md measures the cost and the accuracy it gives up).
     """
 
     def __init__(self, model: nn.Module, tokenizer, heads: Heads, max_batch_tokens: int = 4096,
                  max_batch_size: int = 32, max_prompt_tokens: int | None = None,
-                 learn: PoolingConfig | None = None):
+                 learn: PoolingConfig | None = None, truncate_prompt_tokens: int | None = None):
         self.device = next(model.parameters()).device
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -94,6 +98,8 @@ class LengthEstimator:
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.max_prompt_tokens = max_prompt_tokens
+        self.truncate_prompt_tokens = truncate_prompt_tokens
+        self.max_padding = MAX_PADDING
         self.vocab_size = model.get_input_embeddings().num_embeddings
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
@@ -154,7 +160,10 @@ class LengthEstimator:
                 valid.append(i)
             except InvalidPrompt as e:
                 results[i] = e
-        for group in micro_batches([len(ids[i]) for i in valid], self.max_batch_tokens, self.max_batch_size):
+        if self.truncate_prompt_tokens is not None:
+            ids = [seq[-self.truncate_prompt_tokens:] for seq in ids]
+        for group in micro_batches([len(ids[i]) for i in valid], self.max_batch_tokens, self.max_batch_size,
+                                   self.max_padding):
             members = [valid[g] for g in group]
             input_ids, mask = pad_left([ids[i] for i in members], self.pad_id)
             features = extract_features(self.model, input_ids, mask, self.features)

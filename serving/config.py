@@ -109,6 +109,10 @@ class PredictorSpec(_Strict):
     max_prompt_tokens: int = Field(
         2048, gt=0, description="longer prompts are not predicted (prefill cost): fallback policy",
     )
+    truncate_prompt_tokens: int | None = Field(
+        256, gt=0, description="predict a longer prompt from its last N tokens (prefill cost against accuracy: "
+        "benchmarks/results/predictor_levers.md); null: the whole prompt",
+    )
     max_batch_size: int = Field(8, gt=0, description="concurrent requests predicted in one prefill batch")
     batch_wait_timeout_s: float = Field(0.01, ge=0, description="how long a batch waits to fill")
     max_batch_tokens: int = Field(4096, gt=0, description="padded tokens per prefill micro-batch (memory)")

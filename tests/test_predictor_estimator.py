@@ -100,6 +100,32 @@ def test_a_bad_prompt_fails_alone_and_its_batch_is_still_predicted(estimator):
     assert estimator.default in results[3]
 
 
+def test_micro_batches_keep_padding_bounded():
+    # A 10-token prompt padded to 100 would be 45% padding: it goes alone.
+    assert micro_batches([100, 10], max_batch_tokens=4096, max_batch_size=8) == [[1], [0]]
+    assert micro_batches([100, 105, 110], max_batch_tokens=4096, max_batch_size=8) == [[0, 1, 2]]
+    # The token budget still splits a group the padding would allow.
+    assert micro_batches([100, 105, 110], max_batch_tokens=250, max_batch_size=8) == [[0, 1], [2]]
+    assert micro_batches([100, 10], 4096, 8, max_padding=float("inf")) == [[1, 0]]
+
+
+def test_a_truncated_prompt_is_predicted_from_its_tail(estimator):
+    long = estimator.encode("Explain recursion, iteration and tail calls in detail, with examples in three languages.")
+    short = estimator.encode(PROMPTS[0])
+    keep = len(short)  # the short prompt fits whole, the long one is cut to its last `keep` tokens
+    assert len(long) > keep
+    estimator.truncate_prompt_tokens = keep
+    try:
+        cut = estimator.predict_each([long, short])
+    finally:
+        estimator.truncate_prompt_tokens = None
+    tail, whole, untouched = estimator.predict_each([long[-keep:], long, short])
+    name = estimator.default
+    assert cut[0][name].expected_tokens == pytest.approx(tail[name].expected_tokens, rel=1e-4)
+    assert cut[0][name].expected_tokens != pytest.approx(whole[name].expected_tokens, rel=1e-4)
+    assert cut[1][name].expected_tokens == pytest.approx(untouched[name].expected_tokens, rel=1e-4)
+
+
 DEFAULT_HEADS = {name: str(DEFAULT_CHECKPOINTS / name / "head") for name in ("estp", "egtp")}
 
 

@@ -166,12 +166,14 @@ def _write_runs(args) -> dict:
                 "lost_requests": sum(rep[p]["failed"] for rep in repeats for p in rep)}
 
     real = table("dataset_burst", (*bursts.DATASET_POLICIES, bursts.HEAD_TOLD, bursts.STOCK), False)
+    lean = table(bursts.LEAN, bursts.LEAN_POLICIES, False)
     sharegpt = table("sharegpt_burst", ("ray_default", "last_work"), True)
     current = parts_file.load(args.out, "continuous")
     loads = {name.removeprefix("load_"): table(name, ("ray_default", "last_work", "estp_work"), False)
              for name in bursts.run_names("load_")}
     loads = {k: {**v, "capacity_rps": bursts.measured_capacity(args.repeats)} for k, v in loads.items() if v}
     return _update(args.out, bursts={**current.get("bursts", {}), **({"real": real} if real else {}),
+                                     **({"real_lean": lean} if lean else {}),
                                      **({"sharegpt": sharegpt} if sharegpt else {})},
                    **({"real": loads} if loads else {}))
 
@@ -197,6 +199,7 @@ def main(argv=None) -> None:
     b = sub.add_parser("burst")
     b.add_argument("--policies", nargs="+", default=["ray_default", "last_work", "ceiling", "oracle_work"],
                    help="router policies, or last_told: last_work's order with its offline predictions told up front")
+    ln = sub.add_parser("lean", help="the dataset burst, ray_default against last_work, with the lean predictor")
     k = sub.add_parser("stock")
     g = sub.add_parser("sharegpt")
     g.add_argument("--policies", nargs="+", default=["ray_default", "last_work"])
@@ -205,7 +208,7 @@ def main(argv=None) -> None:
     lo.add_argument("--arrivals", nargs="+", default=["poisson", "azure"])
     lo.add_argument("--shares", type=float, nargs="+", default=[0.95], help="of the capacity the bursts measured")
     lo.add_argument("--requests", type=int, default=300)
-    for sp in (b, k, g, lo):
+    for sp in (b, ln, k, g, lo):
         sp.add_argument("--repeats", type=int, default=3)
         sp.add_argument("--actors", type=int, default=2)
     sb = sub.add_parser("simburst")
@@ -213,7 +216,7 @@ def main(argv=None) -> None:
     sb.add_argument("--seeds", type=int, default=10)
     sb.add_argument("--workers", type=int, default=2)
     sub.add_parser("report")
-    for sp in (s, d, r, b, k, g, lo, sb):
+    for sp in (s, d, r, b, ln, k, g, lo, sb):
         sp.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     out = getattr(args, "out", RESULTS)
@@ -228,6 +231,12 @@ def main(argv=None) -> None:
 
         trace = bursts.dataset_burst()
         _runs(args, "dataset_burst", trace, args.policies, {bursts.HEAD_TOLD: bursts.told_head(trace)})
+        _write_runs(args)
+        return
+    if args.command == "lean":
+        from benchmarks.continuous import bursts
+
+        _runs(args, bursts.LEAN, bursts.dataset_burst(), list(bursts.LEAN_POLICIES))
         _write_runs(args)
         return
     if args.command == "stock":

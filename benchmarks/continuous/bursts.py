@@ -35,6 +35,10 @@ STOCK = "ray_serve_llm"  # the stock app's label among the burst's policies
 # last_work's order with its predictions told up front (the `ceiling` policy's told-length path):
 # what the head's ranking buys when its prefill does not share the engines' cores.
 HEAD_TOLD = "last_told"
+# The dataset burst again, ray_default against last_work, after the predictor's prefill was made
+# lean (benchmarks/results/predictor_levers.md): the `dataset_burst` runs of last_work predate it.
+LEAN = "dataset_burst_lean"
+LEAN_POLICIES = ("ray_default", "last_work")
 TOLD_AS = {HEAD_TOLD: "ceiling"}  # a run label -> the router policy it runs as
 
 

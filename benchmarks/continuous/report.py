@@ -228,6 +228,19 @@ def _bursts_lines(bursts: dict) -> list[str]:
         limits = ", ".join(f"{k} {_pct(a)} / {_pct(b)}" for k, (a, b) in SIMULATED_LIMITS.items())
         lines += ["", f"The limits the issue's independent simulation gives for this burst (mean JCT / short p99 "
                   f"against FIFO, predictions never late): {limits}.", ""]
+    lean = bursts.get("real_lean")
+    if lean:
+        lines += ["## The same burst with the lean predictor", "",
+                  "The dataset burst again, ray_default against last_work back to back, after the predictor's "
+                  "prefill stopped padding its batches and (predictor.truncate_prompt_tokens) reads long prompts' "
+                  "tails only (predictor_levers.md): in the runs above, last_work's predictor prefilled about "
+                  f"1.6x the tokens it needed. {len(lean['repeats'])} repeats; failed or lost: "
+                  f"{lean['lost_requests']}.", ""] + _burst_table(lean) + _changes(lean)
+        verdict = burst_verdict(lean)
+        if verdict:
+            lines += ["", f"Targets for last_work ({verdict['repeats']} repeats): " + "; ".join(
+                f"{name}: {'held' if ok else 'MISSED'}" for name, ok in verdict["checks"].items()) + "."]
+        lines.append("")
     simulated = bursts.get("simulated")
     if simulated:
         st = bursts.get("simulated_settings", {})

@@ -1,0 +1,216 @@
+"""What the predictor's prefill costs in a burst, and what each lever buys and gives up.
+
+    python -m benchmarks.predictor_levers
+
+On a CPU the predictor's prefill runs on the cores the engines decode on, so in a burst every
+second it spends predicting the waiting requests is taken from the engines
+(benchmarks/results/continuous.md). This measures the levers on that cost offline, one torch
+thread (as the deployment runs), on the idle machine:
+
+1. Cost: the 96 prompts that wait when the dataset burst (benchmarks.continuous.bursts) meets the
+   default 32 slots, predicted as the deployment receives them (`@serve.batch` groups of the
+   batch size, in arrival order), per lever: the padding bound of the micro-batches (off: as
+   before this benchmark), the batch size, and prompt truncation (predict from the last N tokens).
+   Concurrency is not a lever here: a second prefill thread against busy cores was measured
+   3-9x slower per thread (deployments/predictor_deployment.py), so the deployment keeps one.
+2. Accuracy: the default head on the dataset's val and test prompts, whole against truncated:
+   MAE per sample (mean over scenarios) and the rank concordance that shortest-first acts on (the
+   share of prompt pairs with different mean lengths that the predictions order correctly).
+
+Writes benchmarks/results/predictor_levers.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import parts as parts_file
+from predictor.features import MAX_PADDING
+
+RESULTS = Path(__file__).resolve().parent / "results"
+STEM = "predictor_levers"
+HEAD = "predictor/checkpoints/last_ens5/head"  # last_work's head, the default policy's
+SLOTS = 32  # the default stack's: the burst's first 32 requests never wait
+TRUNCATIONS = (None, 512, 256, 128)
+# (label, batch size, padding bound, truncation): the deployment's batching as it was, then one
+# lever changed at a time.
+COST_CASES = (
+    ("before: batch 8, padding unbounded", 8, math.inf, None),
+    ("batch 8, padding <= 12.5%", 8, MAX_PADDING, None),
+    ("batch 1", 1, MAX_PADDING, None),
+    ("batch 32, padding <= 12.5%", 32, MAX_PADDING, None),
+    *((f"batch 8, padding <= 12.5%, last {k} tokens", 8, MAX_PADDING, k) for k in TRUNCATIONS[1:]),
+)
+
+
+def _estimator(max_batch_size: int = 8):
+    import torch
+
+    from predictor.estimator import LengthEstimator
+    from predictor.model_files import resolve_model_source
+
+    return LengthEstimator.load(resolve_model_source("embedded"), {"last": HEAD}, dtype=torch.float32,
+                                max_batch_size=max_batch_size, max_prompt_tokens=2048)
+
+
+def cost(estimator, repeats: int) -> list[dict]:
+    """Seconds to predict the burst's waiting prompts, per case; cases interleaved repeat by repeat."""
+    from benchmarks.continuous.bursts import dataset_burst
+
+    waiting = [estimator.encode(r.messages) for r in dataset_burst()[SLOTS:]]
+    waiting = [ids for ids in waiting if len(ids) <= estimator.max_prompt_tokens]  # longer ones fall back
+    seconds = defaultdict(list)
+    for _ in range(repeats):
+        for label, batch, padding, truncate in COST_CASES:
+            estimator.max_batch_size, estimator.max_padding, estimator.truncate_prompt_tokens = batch, padding, truncate
+            start = time.perf_counter()
+            for i in range(0, len(waiting), batch):
+                estimator.predict_each(waiting[i:i + batch])
+            seconds[label].append(time.perf_counter() - start)
+    estimator.max_batch_size, estimator.max_padding, estimator.truncate_prompt_tokens = 8, MAX_PADDING, None
+    tokens = sum(len(ids) for ids in waiting)
+    return [{"case": label, "batch": batch, "max_padding": None if math.isinf(padding) else padding,
+             "truncate_prompt_tokens": truncate, "prompts": len(waiting), "prompt_tokens": tokens,
+             "seconds": seconds[label], "median_s": float(np.median(seconds[label]))}
+            for label, batch, padding, truncate in COST_CASES]
+
+
+def concordance(predicted: np.ndarray, truth: np.ndarray) -> float:
+    """Share of pairs with different true lengths that the predictions order the same way (ties
+    in the prediction count half)."""
+    i, j = np.triu_indices(len(truth), 1)
+    differ = truth[i] != truth[j]
+    dp, dt = np.sign(predicted[i] - predicted[j])[differ], np.sign(truth[i] - truth[j])[differ]
+    return float(((dp == dt).sum() + 0.5 * (dp == 0).sum()) / differ.sum())
+
+
+def accuracy(estimator) -> list[dict]:
+    """The head on every val/test prompt (up to max_prompt_tokens), whole and per truncation."""
+    from tqdm import tqdm
+
+    from benchmarks.accuracy.metrics import by_scenario
+    from benchmarks.forelen.build import DEFAULT_OUT
+    from predictor.dataset import load_samples
+
+    samples = [r for split in ("val", "test") for r in load_samples(DEFAULT_OUT, split=split)]
+    prompts = {r["prompt_id"]: r["prompt"] for r in samples}
+    ids = {pid: estimator.encode(text) for pid, text in prompts.items()}
+    ids = {pid: seq for pid, seq in ids.items() if len(seq) <= estimator.max_prompt_tokens}
+    samples = [r for r in samples if r["prompt_id"] in ids]
+    order = sorted(ids)
+    means = np.array([np.mean([r["output_tokens"] for r in samples if r["prompt_id"] == pid]) for pid in order])
+    out, whole = [], None
+    for truncate in TRUNCATIONS:
+        estimator.truncate_prompt_tokens = truncate
+        # Only prompts the truncation shortens change: the rest keep the whole prompt's prediction.
+        todo = [pid for pid in order if whole is None or len(ids[pid]) > truncate]
+        predicted = dict(whole or {})
+        for chunk in tqdm([todo[i:i + 8] for i in range(0, len(todo), 8)], desc=f"truncate {truncate}", leave=False):
+            for pid, result in zip(chunk, estimator.predict_each([ids[pid] for pid in chunk])):
+                predicted[pid] = result["last"].expected_tokens
+        whole = whole or predicted
+        scores = by_scenario([predicted[r["prompt_id"]] for r in samples], [r["output_tokens"] for r in samples],
+                             [r["scenario"] for r in samples], [r["prompt_id"] for r in samples])
+        out.append({"truncate_prompt_tokens": truncate, "prompts": len(order),
+                    "prompts_shortened": 0 if truncate is None else sum(len(ids[p]) > truncate for p in order),
+                    "mae": scores["avg"]["mae"], "mae_by_scenario": {k: v["mae"] for k, v in scores.items() if k != "avg"},
+                    "rank_concordance": concordance(np.array([predicted[p] for p in order]), means)})
+    estimator.truncate_prompt_tokens = None
+    return out
+
+
+def markdown(result: dict) -> str:
+    lines = ["# Predictor levers: what its prefill costs in a burst, and what truncation gives up", "",
+             "Made by `python -m benchmarks.predictor_levers`, one torch thread, the idle 2-core machine, "
+             f"{result['repeats']} repeat(s) per case, interleaved.", ""]
+    cost_rows = result["cost"]
+    if cost_rows:
+        base = cost_rows[0]["median_s"]
+        lines += [f"## Cost: the {cost_rows[0]['prompts']} prompts ({cost_rows[0]['prompt_tokens']} tokens) that wait "
+                  "in the dataset burst, as the deployment receives them", "",
+                  "| case | seconds (median) | runs | tokens/s | vs before |", "|---|---|---|---|---|"]
+        for row in cost_rows:
+            lines.append(f"| {row['case']} | {row['median_s']:.1f} | {', '.join(f'{s:.1f}' for s in row['seconds'])} "
+                         f"| {row['prompt_tokens'] / row['median_s']:.0f} (whole prompts) | {row['median_s'] / base:.2f}x |")
+        lines += ["", "In the real burst the predictor shares the 2 cores with both engines (3 busy threads on "
+                  "2 cores), so its wall time there is about 1.5x these and each second of it slows the "
+                  "engines' decoding.", ""]
+    acc = result["accuracy"]
+    if acc:
+        lines += [f"## Accuracy: the `last` head on {acc[0]['prompts']} val/test prompts", "",
+                  "| prompt given to the predictor | prompts shortened | MAE (tokens, mean over scenarios) "
+                  "| rank concordance |", "|---|---|---|---|"]
+        for row in acc:
+            what = "whole" if row["truncate_prompt_tokens"] is None else f"last {row['truncate_prompt_tokens']} tokens"
+            lines.append(f"| {what} | {row['prompts_shortened']} | {row['mae']:.1f} | {row['rank_concordance']:.3f} |")
+        lines.append("")
+    lines += _default_lines(result)
+    return "\n".join(lines)
+
+
+def _default_lines(result: dict) -> list[str]:
+    """What the stack's defaults (serving.config.PredictorSpec) get of the measured levers."""
+    from serving.config import PredictorSpec
+
+    spec = PredictorSpec()
+    cost = next((r for r in result["cost"] if r["truncate_prompt_tokens"] == spec.truncate_prompt_tokens
+                 and r["batch"] == spec.max_batch_size and r["max_padding"] == MAX_PADDING), None)
+    acc = {r["truncate_prompt_tokens"]: r for r in result["accuracy"]}
+    if cost is None or spec.truncate_prompt_tokens not in acc or None not in acc:
+        return []
+    chosen, whole = acc[spec.truncate_prompt_tokens], acc[None]
+    return ["## The stack's default", "",
+            f"Batch {spec.max_batch_size} with padding bounded, the last {spec.truncate_prompt_tokens} tokens of "
+            f"longer prompts: {cost['median_s'] / result['cost'][0]['median_s']:.2f}x the prefill time of before, "
+            f"MAE {chosen['mae']:.1f} against {whole['mae']:.1f} tokens whole, rank concordance "
+            f"{chosen['rank_concordance']:.3f} against {whole['rank_concordance']:.3f}.", ""]
+
+
+def plot(result: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    rows = result["cost"]
+    a.barh([r["case"] for r in rows][::-1], [r["median_s"] for r in rows][::-1], color="tab:blue")
+    a.set_xlabel("seconds to predict the burst's waiting prompts (1 thread)")
+    acc = result["accuracy"]
+    labels = ["whole" if r["truncate_prompt_tokens"] is None else f"last {r['truncate_prompt_tokens']}" for r in acc]
+    b.plot(labels, [r["mae"] for r in acc], "o-", color="tab:red")
+    b.set_ylabel("MAE (tokens)", color="tab:red")
+    twin = b.twinx()
+    twin.plot(labels, [r["rank_concordance"] for r in acc], "s--", color="tab:green")
+    twin.set_ylabel("rank concordance", color="tab:green")
+    b.set_title("accuracy against prompt truncation")
+    fig.tight_layout()
+    fig.savefig(out / f"{STEM}.png", dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.predictor_levers", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    estimator = _estimator()
+    rows = cost(estimator, args.repeats)
+    parts_file.update(args.out, STEM, markdown, plot, repeats=args.repeats, cost=rows, accuracy=[])
+    parts_file.update(args.out, STEM, markdown, plot, accuracy=accuracy(estimator))
+
+
+if __name__ == "__main__":
+    main()
