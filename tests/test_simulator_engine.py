@@ -93,6 +93,16 @@ def test_a_step_slowdown_stretches_every_step():
     assert out.finish.tolist() == [20.0, 8.0]
 
 
+def test_steps_that_start_while_the_predictor_prefills_take_longer():
+    spec = ClusterSpec(pools=["only"], replicas={"only": 1}, max_ongoing_requests=16,
+                       predictor_busy=[(0.0, 1.5), (10.0, 11.0)], predictor_slowdown=3.0)
+    out = simulate(_workload([0.0, 20.0], [10, 10], [3, 3]), _scheduler(spec), spec, LIMITS, ONE_SECOND_STEPS, 4096)
+    # A's prefill starts at 0, inside the first window: 3 s; its two decode steps start after it: 1 s
+    # each. B arrives at 20, after both windows: the calibrated 1 s steps throughout.
+    assert out.first_token.tolist() == [3.0, 21.0]
+    assert out.finish.tolist() == [5.0, 23.0]
+
+
 def test_a_prompt_prefilled_before_on_the_engine_skips_its_cached_blocks():
     """Prefix caching: the second sample of a prompt prefills only past its last full block."""
     limits = EngineLimits(max_num_seqs=8, max_num_batched_tokens=100, kv_cache_tokens=10_000, block_size=16)

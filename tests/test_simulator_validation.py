@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.simulator.validation import AGGREGATES, noise_floor, sign_agreement
+from benchmarks.simulator.validation import AGGREGATES, merged, noise_floor, sign_agreement
 
 
 def _run(jct: float) -> dict:
@@ -27,3 +27,8 @@ def test_a_difference_counts_only_when_every_repeat_agrees_and_the_simulator_mus
     assert rows["fast"]["resolved"] and rows["fast"]["same_sign"]
     assert rows["slow"]["resolved"] and not rows["slow"]["same_sign"]
     assert (result["agree"], result["of"]) == (1, 2) and type(result["agree"]) is int  # JSON-safe
+
+
+def test_the_predictors_busy_time_is_the_union_of_its_requests_waits():
+    assert merged([(5.0, 6.0), (0.0, 2.0), (1.0, 3.0), (3.0, 4.0)]) == [(0.0, 4.0), (5.0, 6.0)]
+    assert merged([]) == []

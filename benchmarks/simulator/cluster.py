@@ -20,6 +20,7 @@ its old entry skipped).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import random
 from collections.abc import Callable
@@ -49,6 +50,16 @@ class ClusterSpec(BaseModel):
     # they are. 1: each has its own hardware.
     step_slowdown: float = 1.0
     replica_choice: Choice = "least_inflight"  # the stack's (router.replica_choice)
+    # On one CPU machine the predictor's prefill runs on the engines' cores: while it works
+    # (sorted, disjoint intervals on the simulation's clock), a run of steps that starts then takes
+    # `predictor_slowdown` times as long. Empty: the predictor has hardware of its own.
+    predictor_busy: list[tuple[float, float]] = []
+    predictor_slowdown: float = 1.0
+
+    def slowdown_at(self, now: float) -> float:
+        i = bisect.bisect_right(self.predictor_busy, (now, float("inf"))) - 1
+        busy = i >= 0 and now < self.predictor_busy[i][1]
+        return self.step_slowdown * (self.predictor_slowdown if busy else 1.0)
 
     def per_replica(self) -> int:
         """Requests a replica holds: its ongoing limit, or exactly one group in batch mode."""
@@ -140,7 +151,7 @@ class _Loop:
     def kick(self, r: int, now: float) -> None:
         engine = self.engines[r]
         if engine.busy_until is None:
-            engine.start(now, self.spec.step_slowdown)
+            engine.start(now, self.spec.slowdown_at(now))
             if engine.busy_until is not None:
                 self._schedule(r, engine.busy_until)
         else:

@@ -11,7 +11,10 @@ in-process, scaled by what the deployed serving path adds, fitted on some runs:
   the predictor and the clients share two cores; the deployed engines run out of process);
 - `delay_in_s` and `delay_out_s`: the HTTP and Ray hops before the router sees a request and
   after the engine emits a token, the medians measured on the fit runs (the router's request log
-  against the client's clock).
+  against the client's clock);
+- `predictor`: how much longer the engines' steps take while the predictor prefills on the same
+  cores (when it did is each run's record: from a request reaching the router to its prediction
+  landing); three busy threads on two cores would make it 1.5.
 Prefix-cache hits are the engine model's (a rollout's samples share their prompt).
 
 Runs are split into fit runs and held-out runs; the errors reported (per request: JCT, TTFT and
@@ -47,6 +50,7 @@ class Fit:
     prefill: float = 1.0
     delay_in_s: float = 0.0
     delay_out_s: float = 0.0
+    predictor: float = 1.0
 
     def model(self, base: StepTimeModel) -> StepTimeModel:
         return StepTimeModel(const=base.const * self.const, decode_seqs=base.decode_seqs * self.decode,
@@ -66,6 +70,7 @@ class Run:
     arrival: np.ndarray  # client clock: when the trace says it arrived (a rollout: 0)
     first_token: np.ndarray  # client clock
     finish: np.ndarray
+    predictor_busy: list[tuple[float, float]]  # client clock: when the predictor was prefilling
 
     def workload(self, delay_in_s: float) -> Workload:
         """Fresh records (a simulation fills them), reaching the router `delay_in_s` after they were sent."""
@@ -87,7 +92,19 @@ def online_run(name: str, records: list[RunRecord]) -> Run:
     stock = ok[0].decided_by is None
     return Run(name, "online", policy, "power_of_two" if stock else "least_inflight", requests,
                np.array([r.completion_tokens for r in ok]), np.array([r.arrival_s for r in ok]),
-               np.array([r.first_token_s for r in ok]), np.array([r.finish_s for r in ok]))
+               np.array([r.first_token_s for r in ok]), np.array([r.finish_s for r in ok]),
+               merged([(r.router_arrival_s, r.predicted_s) for r in ok if r.predicted_s is not None]))
+
+
+def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, disjoint: the union of the intervals."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
 
 
 def rollout_run(name: str, samples: list[dict], schedule: str, prompt_tokens: list[int]) -> Run:
@@ -99,13 +116,13 @@ def rollout_run(name: str, samples: list[dict], schedule: str, prompt_tokens: li
                 for s in ok]
     return Run(name, schedule, "ray_default", "least_inflight", requests,
                np.array([s["completion_tokens"] for s in ok]), np.zeros(len(ok)),
-               np.array([s["first_token_s"] for s in ok]), np.array([s["finished_s"] for s in ok]))
+               np.array([s["first_token_s"] for s in ok]), np.array([s["finished_s"] for s in ok]), [])
 
 
 def simulated(run: Run, setup: Setup, fit: Fit, replicas: int, per_replica: int) -> tuple[np.ndarray, np.ndarray]:
     """(first token, finish) per request on the client's clock, as the simulator has them."""
     spec = ClusterSpec(pools=[SINGLE_POOL], replicas={SINGLE_POOL: replicas}, max_ongoing_requests=per_replica,
-                       replica_choice=run.choice)
+                       replica_choice=run.choice, predictor_busy=run.predictor_busy, predictor_slowdown=fit.predictor)
     model = fit.model(setup.model)
     workload = run.workload(fit.delay_in_s if run.kind == "online" else 0.0)
     if run.kind != "online":  # a rollout's times are the router's own, from the batch's start
@@ -148,8 +165,12 @@ def fit_scales(runs: list[Run], setup: Setup, delays: tuple[float, float]) -> Fi
     (least squares on log JCT and log TTFT per request), the hops' delays measured."""
     from scipy.optimize import minimize
 
+    def fitted(x: np.ndarray) -> Fit:
+        const, decode, prefill, predictor = np.exp(x)
+        return Fit(const, decode, prefill, *delays, predictor=predictor)
+
     def loss(x: np.ndarray) -> float:
-        fit = Fit(*np.exp(x), *delays)
+        fit = fitted(x)
         total = 0.0
         for run in runs:
             first, finish = simulated(run, setup, fit, 2, 16)
@@ -158,8 +179,8 @@ def fit_scales(runs: list[Run], setup: Setup, delays: tuple[float, float]) -> Fi
                                           / np.maximum(run.first_token - run.arrival, 1e-3)) ** 2)
         return total / len(runs)
 
-    best = minimize(loss, np.zeros(3), method="Nelder-Mead", options={"xatol": 1e-3, "fatol": 1e-5, "maxiter": 400})
-    return Fit(*np.exp(best.x), *delays)
+    best = minimize(loss, np.zeros(4), method="Nelder-Mead", options={"xatol": 1e-3, "fatol": 1e-5, "maxiter": 600})
+    return fitted(best.x)
 
 
 def measured_delays(records: list[list[RunRecord]]) -> tuple[float, float]:
@@ -215,8 +236,9 @@ def markdown(result: dict) -> str:
              "the router's own scheduling code (the same arrivals, prompts, generated lengths and policies; ranks as "
              "the real router knew them at dispatch; the stack's replica choice); only the engines' timing is the "
              "model's. Fitted on the fit runs: step-time factors const x{const:.2f}, decode x{decode:.2f}, prefill "
-             "x{prefill:.2f} on the single-engine calibration; measured hops {delay_in_s:.2f} s in, {delay_out_s:.2f} s "
-             "out.".format(**fit), "",
+             "x{prefill:.2f} on the single-engine calibration, x{predictor:.2f} more while the predictor prefills on the "
+             "engines' cores (three busy threads on two cores would give 1.50); measured hops {delay_in_s:.2f} s in, "
+             "{delay_out_s:.2f} s out.".format(**{"predictor": 1.0, **fit}), "",
              f"Fit runs: {', '.join(result['fit_runs'])}.", "",
              f"Held-out runs: {', '.join(result['held_out_runs'])}.", "",
              "## Aggregate error on the held-out runs (simulated / real - 1)", "",
@@ -232,9 +254,8 @@ def markdown(result: dict) -> str:
                      f"{'held' if e['absolute'] <= 0.10 else 'MISSED'} (<= 10%) |")
     sa = result["sign_agreement"]
     lines += ["", f"Sign of every policy difference the real runs resolve beyond their repeats' spread (all "
-              f"repeats, fit runs too: the fit sets three global factors, no policy's difference): "
-              f"{sa['agree']} of {sa['of']} agree. The simulator does not model the predictor's prefill on the "
-              "engines' cores, so it cannot show `last_work`'s live cost on this machine.", "",
+              f"repeats, fit runs too: the fit sets four global factors, no policy's difference): "
+              f"{sa['agree']} of {sa['of']} agree.", "",
               "## Per run", "",
               "| run | set | requests | mean JCT real / sim | p99 JCT | mean TTFT | tok/s | makespan | "
               "JCT error p50 / p90 | TTFT error p50 / p90 | TPOT error p50 / p90 |",
@@ -300,7 +321,7 @@ def validate(setup: Setup, runs: dict[str, Run], fit_names: list[str], records: 
     compared = {name: compare(run, setup, fit) for name, run in runs.items()}
     held_out = [n for n in runs if n not in fit_names]
     real, sim = defaultdict(list), defaultdict(list)
-    # Every repeat of a workload and policy, fit runs too: the fit sets three global step-time
+    # Every repeat of a workload and policy, fit runs too: the fit sets four global
     # factors, never a policy's difference, and one held-out repeat alone resolves nothing.
     for name in runs:
         workload_policy = name.rsplit("/", 1)[0]
