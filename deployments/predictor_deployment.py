@@ -5,10 +5,11 @@ It runs the serving model's own prefill (its own copy of the weights) plus the t
 computed exactly as the engine will see them, and answers each head's distribution: expected
 length, quantiles and bin probabilities. Mapping them to pools or ranks is the router's business.
 
-Concurrent requests are batched with `@serve.batch`, so a burst costs one padded prefill instead
-of one per request, and a bad prompt fails only its own answer ({"error": ...}), never its batch.
-Torch is held to one thread: the cores belong to the engines, and a second thread against a busy
-core was measured 3-9x slower.
+Concurrent requests are batched with `@serve.batch` (on a GPU one prefill serves the batch; on a
+CPU the micro-batches keep padding small, as padding costs like tokens there), and a bad prompt
+fails only its own answer ({"error": ...}), never its batch. Long prompts are predicted from their
+tail (`truncate_prompt_tokens`). Torch is held to one thread: the cores belong to the engines, and
+a second thread against a busy core was measured 3-9x slower.
 
 With online learning (a learner handle, deployments.learner_deployment), the replica sends the
 learner the head's input of every prompt it predicts (features cost nothing more: the prefill
