@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.accuracy.metrics import CLASSES, LONG_ABOVE, SHORT_BELOW
+from benchmarks.parts import noted
 
 STEM = "predictor_accuracy"
 MAE_COLUMNS = (("mae", "MAE"), ("rmse", "RMSE"))
@@ -373,7 +374,7 @@ def write(result: dict, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{STEM}.json", out_dir / f"{STEM}.md"]
     paths[0].write_text(json.dumps(result, indent=2) + "\n")
-    paths[1].write_text(markdown(result))
+    paths[1].write_text(noted(markdown(result), result))
     plots = ((plot_mae, result["methods"], "mae"), (plot_lambda, result["lambda_sweep"], "lambda"))
     for plot, data, name in plots:
         if data:

@@ -78,7 +78,6 @@ def real_lines(real: dict) -> list[str]:
          ", ".join(f"{k} {'-' if v is None else f'{100 * v:+.1f}%'}" for k, v in growth.items())),
     ]
     lines = ["## A cold start on the real stack", "",
-             *([f"Made with older code: {real['made_with']}", ""] if real.get("made_with") else []),
              f"`predictor.checkpoint: online`, an empty state directory: {real['requests']} held-out ShareGPT prompts "
              f"(never in the dataset), Poisson at {real['rate_rps']:.3f} requests/s (a calm load), max_tokens "
              f"{real['max_tokens']} (answers cut there are censored labels), {real['dispatched_share']:.0%} of the "

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.parts import noted
 from benchmarks.reliability import fuzz, overload
 from benchmarks.replay.stack import RunningStack
 
@@ -106,7 +107,7 @@ def main(argv=None) -> dict:
         result = asyncio.run(_run(base_url, headers, args))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "reliability.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "reliability.md").write_text(_markdown(result))
+    (args.out / "reliability.md").write_text(noted(_markdown(result), result))
     print(_markdown(result))
     return result
 
