@@ -67,7 +67,8 @@ def _build_predictor(spec: PredictorSpec, checkpoints: dict[str, Path], model_pa
         model_path=model_path, checkpoints={name: str(path) for name, path in checkpoints.items()},
         device="cuda" if spec.gpus else "cpu", dtype=spec.dtype, max_batch_size=spec.max_batch_size,
         batch_wait_timeout_s=spec.batch_wait_timeout_s, max_batch_tokens=spec.max_batch_tokens,
-        max_prompt_tokens=spec.max_prompt_tokens, truncate_prompt_tokens=spec.truncate_prompt_tokens, learner=learner,
+        max_prompt_tokens=spec.max_prompt_tokens, truncate_prompt_tokens=spec.truncate_prompt_tokens,
+        learner=learner,
         learned_head=None if learned is None else learned[0], learned_pooling=None if learned is None else learned[1],
     )
 

@@ -44,7 +44,8 @@ class LengthPredictor:
     def __init__(
         self, model_path: str, checkpoints: dict[str, str], device: str = "cpu", dtype: str = "float32",
         max_batch_size: int = 8, batch_wait_timeout_s: float = 0.01, max_batch_tokens: int = 4096,
-        max_prompt_tokens: int | None = None, truncate_prompt_tokens: int | None = None, learner: DeploymentHandle | None = None, learned_head: str | None = None,
+        max_prompt_tokens: int | None = None, truncate_prompt_tokens: int | None = None,
+        learner: DeploymentHandle | None = None, learned_head: str | None = None,
         learned_pooling: PoolingConfig | None = None,
     ):
         if learner is not None and (learned_head is None or learned_pooling is None):
@@ -54,7 +55,8 @@ class LengthPredictor:
         self._prefill = ThreadPoolExecutor(max_workers=1, initializer=torch.set_num_threads, initargs=(1,))
         self._estimator = LengthEstimator.load(
             model_path, checkpoints, device=device, dtype=getattr(torch, dtype), max_batch_tokens=max_batch_tokens,
-            max_batch_size=max_batch_size, max_prompt_tokens=max_prompt_tokens, truncate_prompt_tokens=truncate_prompt_tokens,
+            max_batch_size=max_batch_size, max_prompt_tokens=max_prompt_tokens,
+            truncate_prompt_tokens=truncate_prompt_tokens,
             learn=learned_pooling if learner is not None else None,
         )
         self._predict_batch.set_max_batch_size(max_batch_size)

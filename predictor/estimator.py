@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from predictor.checkpoint import CheckpointMeta, load_checkpoint
-from predictor.features import (MAX_PADDING, FeatureConfig, PrefillFeatures, check_supported, extract_features, micro_batches,
-                                pad_left)
+from predictor.features import (MAX_PADDING, FeatureConfig, PrefillFeatures, check_supported, extract_features,
+                                micro_batches, pad_left)
 from predictor.head import LengthHead, LengthPrediction, summarise
 from predictor.model_files import model_weights_hash
 from predictor.pooling import PoolingConfig, pool
