@@ -7,8 +7,9 @@ second it spends predicting the waiting requests is taken from the engines
 (benchmarks/results/continuous.md). This measures the levers on that cost offline, one torch
 thread (as the deployment runs), on the idle machine:
 
-1. Cost: the 96 prompts that wait when the dataset burst (benchmarks.continuous.bursts) meets the
-   default 32 slots, predicted as the deployment receives them (`@serve.batch` groups of the
+1. Cost: the prompts that wait when the dataset burst (benchmarks.continuous.bursts) meets the
+   default 32 slots (96, of which the 93 within max_prompt_tokens are predicted), predicted as the
+   deployment receives them (`@serve.batch` groups of the
    batch size, in arrival order), per lever: the padding bound of the micro-batches (off: as
    before this benchmark), the batch size, and prompt truncation (predict from the last N tokens).
    Concurrency is not a lever here: a second prefill thread against busy cores was measured
