@@ -32,3 +32,26 @@ def test_a_difference_counts_only_when_every_repeat_agrees_and_the_simulator_mus
 def test_the_predictors_busy_time_is_the_union_of_its_requests_waits():
     assert merged([(5.0, 6.0), (0.0, 2.0), (1.0, 3.0), (3.0, 4.0)]) == [(0.0, 4.0), (5.0, 6.0)]
     assert merged([]) == []
+
+
+def test_the_fit_finds_the_step_time_factors_a_run_was_timed_with():
+    """A run timed by the simulator itself with known factors: the fit must leave its starting point
+    (it once stopped there at once: scipy's first simplex around 0 is 0.00025 wide) and time the
+    run as it was timed."""
+    import numpy as np
+
+    from benchmarks.simulator.setup import load_setup
+    from benchmarks.simulator.validation import Fit, Run, fit_scales, simulated
+    from scheduling.request import Request
+
+    setup, rng, n = load_setup(), np.random.default_rng(0), 60
+    arrival = np.sort(rng.uniform(0, 40, n))
+    requests = [Request(f"r{i}", "ray_default", arrival=float(t), prompt_tokens=int(rng.integers(20, 400)),
+                        max_tokens=1024) for i, t in enumerate(arrival)]
+    run = Run("synthetic", "online", "ray_default", "least_inflight", requests, rng.integers(20, 400, n),
+              arrival, np.zeros(n), np.zeros(n), [])
+    run.first_token, run.finish = simulated(run, setup, Fit(0.4, 0.6, 0.5), 2, 16)
+    fit = fit_scales([run], setup, (0.0, 0.0))
+    assert abs(fit.const - 1) > 0.2
+    _, finish = simulated(run, setup, fit, 2, 16)
+    assert np.median(np.abs(finish - run.finish) / (run.finish - arrival)) < 0.05
