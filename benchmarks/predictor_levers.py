@@ -51,14 +51,14 @@ COST_CASES = (
 )
 
 
-def _estimator(max_batch_size: int = 8):
+def _estimator():
     import torch
 
     from predictor.estimator import LengthEstimator
     from predictor.model_files import resolve_model_source
 
     return LengthEstimator.load(resolve_model_source("embedded"), {"last": HEAD}, dtype=torch.float32,
-                                max_batch_size=max_batch_size, max_prompt_tokens=2048)
+                                max_batch_size=8, max_prompt_tokens=2048)
 
 
 def cost(estimator, repeats: int) -> list[dict]:
@@ -106,7 +106,10 @@ def accuracy(estimator) -> list[dict]:
     ids = {pid: seq for pid, seq in ids.items() if len(seq) <= estimator.max_prompt_tokens}
     samples = [r for r in samples if r["prompt_id"] in ids]
     order = sorted(ids)
-    means = np.array([np.mean([r["output_tokens"] for r in samples if r["prompt_id"] == pid]) for pid in order])
+    lengths = defaultdict(list)
+    for r in samples:
+        lengths[r["prompt_id"]].append(r["output_tokens"])
+    means = np.array([np.mean(lengths[pid]) for pid in order])
     out, whole = [], None
     for truncate in TRUNCATIONS:
         estimator.truncate_prompt_tokens = truncate
