@@ -79,7 +79,7 @@ def build_app(args: dict) -> Application:
     predictor, learner, heads, predictor_name = None, None, {}, None
     spec = config.predictor
     if spec is not None:
-        checkpoints = spec.heads(config.router.policy, every_predicted=config.router.benchmark_headers)
+        checkpoints = spec.heads(config.router.policy, config.router.benchmark_headers)
         metas = {name: _checkpoint_meta(path, model_path) for name, path in checkpoints.items()}
         heads = {name: meta.bins for name, meta in metas.items()}  # the router's default head first
         learned = None

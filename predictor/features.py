@@ -191,6 +191,11 @@ def _resolve_layer(index: int, num_layers: int) -> int:
     return resolved
 
 
+class _EarlyExit(Exception):
+    """Raised by a forward hook to stop the prefill once the deepest layer wanted is computed:
+    transformers' models have no argument to run only their first layers."""
+
+
 @torch.no_grad()
 def extract_features(
     model: nn.Module, input_ids: Tensor, mask: Tensor, config: FeatureConfig = FeatureConfig()
@@ -226,14 +231,26 @@ def extract_features(
             captured["rotary"] = kwargs["position_embeddings"]
         hooks.append(layers[-1].self_attn.register_forward_pre_hook(grab_attention_input, with_kwargs=True))
 
+    # Early exit: when nothing reads the final layer (no entropy, no attention, no final-layer
+    # pooling), the layers above the deepest one wanted are never run. The prefill's cost is
+    # proportional to the layers it runs, and on a CPU it is paid by the engines' decoding.
+    deepest = max(wanted)
+    early = deepest < num_layers and not config.entropy and not config.attention
+    if early:
+        def stop(_module, _args, _output):
+            raise _EarlyExit
+        hooks.append((base.embed_tokens if deepest == 0 else layers[deepest - 1]).register_forward_hook(stop))
+
     position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
     try:
         final = base(input_ids=input_ids, attention_mask=mask.long(), position_ids=position_ids,
                      use_cache=False).last_hidden_state
+        captured[num_layers] = final
+    except _EarlyExit:
+        final = None
     finally:
         for h in hooks:
             h.remove()
-    captured[num_layers] = final
 
     zero_pad = mask.unsqueeze(-1)
     features = PrefillFeatures(

@@ -41,6 +41,15 @@ CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 DEFAULT_TRAIL_LAYER = 10
 
 
+def cached_layer(layer: int, trail_layer: int = DEFAULT_TRAIL_LAYER) -> FeatureConfig:
+    """What the feature cache extracts for heads reading `layer`: every final-layer method shares
+    one cache (with TRAIL's intermediate state beside it); an early exit gets its own, without the
+    final layer's entropy and attention."""
+    if layer == -1:
+        return FeatureConfig(aux_layer=trail_layer)
+    return FeatureConfig(layer=layer, entropy=False, attention=False)
+
+
 @dataclass(frozen=True)
 class Recipe:
     """A method as the paper compares it: pooling, bin count, loss, which layer is pooled, and how
@@ -51,6 +60,14 @@ class Recipe:
     bins: int = 20
     trail: bool = False  # pools the intermediate layer's last token instead of the final layer
     fit: FitConfig = field(default_factory=FitConfig)
+    # The hidden layer pooled (FeatureConfig.layer). Below the final one the prefill stops there
+    # (early exit), so only poolings that need neither entropy nor final-layer attention can use it.
+    layer: int = -1
+
+    def __post_init__(self):
+        if self.layer != -1 and any(self.pooling.needs()):
+            raise ValueError(f"layer {self.layer}: {self.pooling.method} reads the final layer's entropy or attention")
+
 
 
 RECIPES = {
@@ -62,6 +79,9 @@ RECIPES = {
     # The best head by the accuracy benchmark's folds on the embedded model: the last prompt
     # token's final-layer state, an ensemble of 5 seeds (benchmarks/results/predictor_accuracy.md).
     "last_ens5": Recipe(PoolingConfig(method="last"), "crps+smoothl1", fit=FitConfig(members=5)),
+    # The same head on layer 4 of 30: the prefill stops there, at about a seventh of its cost
+    # (benchmarks/results/predictor_levers.md), for a CPU where the prefill competes with decoding.
+    "early4_ens5": Recipe(PoolingConfig(method="last"), "crps+smoothl1", fit=FitConfig(members=5), layer=4),
 }
 
 
@@ -118,8 +138,12 @@ class FeatureCache:
             f = extract_features(model, *pad_left([todo[i].ids for i in group], pad_id), self.config)
             for row, i in enumerate(group):
                 keep = f.mask[row]
-                tensors = {"hidden": f.hidden[row, keep].half(), "entropy": f.entropy[row, keep],
-                           "attention_received": f.attention_received[row, keep], "aux_last": f.aux_last[row]}
+                tensors = {"hidden": f.hidden[row, keep].half()}
+                for name in ("entropy", "attention_received"):
+                    if getattr(f, name) is not None:
+                        tensors[name] = getattr(f, name)[row, keep]
+                if f.aux_last is not None:
+                    tensors["aux_last"] = f.aux_last[row]
                 tmp = self._path(todo[i].ids).with_suffix(".partial")
                 save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(tmp))
                 tmp.rename(self._path(todo[i].ids))
@@ -132,12 +156,14 @@ class FeatureCache:
 
 def cached_features(tensors: dict[str, torch.Tensor], debias: bool) -> PrefillFeatures:
     """A batch of one prompt's cached features, as `extract_features` would return them."""
-    mask = torch.ones(1, len(tensors["entropy"]), dtype=torch.bool)
-    received = tensors["attention_received"][None]
-    if not debias:  # the cache holds debiased values; undo it for the ablation
-        received = received * receiver_counts(mask)
-    return PrefillFeatures(hidden=tensors["hidden"].float()[None], mask=mask, entropy=tensors["entropy"][None],
-                           attention_received=received)
+    mask = torch.ones(1, len(tensors["hidden"]), dtype=torch.bool)
+    entropy, received = tensors.get("entropy"), tensors.get("attention_received")
+    if received is not None:
+        received = received[None]
+        if not debias:  # the cache holds debiased values; undo it for the ablation
+            received = received * receiver_counts(mask)
+    return PrefillFeatures(hidden=tensors["hidden"].float()[None], mask=mask,
+                           entropy=None if entropy is None else entropy[None], attention_received=received)
 
 
 def pooled_inputs(cache: FeatureCache, examples: list[Example], recipe: Recipe, debias: bool) -> torch.Tensor:
@@ -170,7 +196,7 @@ def train_method(
     meta = CheckpointMeta(
         base_model_id=settings["model_id"],
         base_model_hash=model_hash,
-        feature_layer=cache.config.aux_layer if recipe.trail else -1,
+        feature_layer=cache.config.aux_layer if recipe.trail else recipe.layer,
         feature_dim=x_train.shape[1],
         debias=debias,
         pooling=recipe.pooling,
@@ -242,10 +268,11 @@ def main(argv: list[str] | None = None) -> Path:
         overrides["mask_sink"] = False
     fit = {k: getattr(args, k) for k in FitConfig.model_fields if getattr(args, k) is not None}
     recipe = Recipe(recipe.pooling.model_copy(update=overrides), args.loss or recipe.loss,
-                    args.bins or recipe.bins, recipe.trail, FitConfig.model_validate({**recipe.fit.model_dump(), **fit}))
+                    args.bins or recipe.bins, recipe.trail, FitConfig.model_validate({**recipe.fit.model_dump(), **fit}),
+                    recipe.layer)
     debias = not args.no_debias
 
-    cache = FeatureCache(args.cache_dir, model_hash, FeatureConfig(aux_layer=args.trail_layer))
+    cache = FeatureCache(args.cache_dir, model_hash, cached_layer(recipe.layer, args.trail_layer))
     examples = splits["train"] + splits["val"]
     if cache.missing(examples):
         from transformers import AutoModelForCausalLM

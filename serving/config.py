@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from predictor.checkpoint import read_meta
 from predictor.head import LengthBins
 from scheduling.admission import QueueOrder
 from scheduling.policies import DEFAULT_HEAD, FALLBACKS, HEADS, POLICIES, head_of
@@ -29,7 +30,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 ONLINE = "online"  # predictor.checkpoint: start with no offline head
 DEFAULT_CHECKPOINTS = REPO_ROOT / "predictor" / "checkpoints"
 # Each head's committed checkpoint folder (predictor/checkpoints/<folder>/head).
-HEAD_CHECKPOINTS = {"estp": "estp", "egtp": "egtp", "last": "last_ens5"}
+HEAD_CHECKPOINTS = {"estp": "estp", "egtp": "egtp", "last": "last_ens5", "early": "early4_ens5"}
 
 
 def head_checkpoint(head: str) -> Path:
@@ -133,6 +134,20 @@ class PredictorSpec(_Strict):
         default_factory=lambda: {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.2}},
         description="Ray Serve deployment options of the predictor",
     )
+    extra_heads: list[str] | None = Field(
+        None, description="heads served beside the policy's from the same prefill (they must read the same "
+        "layer), for runs that compare policies; each adds the features it reads (ESTP's entropy and "
+        "attention cost 1.4x the last token's prefill) to every prediction. null: none, or with "
+        "router.benchmark_headers every head",
+    )
+
+    @field_validator("extra_heads")
+    @classmethod
+    def _known_heads(cls, heads: list[str] | None) -> list[str] | None:
+        unknown = sorted(set(heads or ()) - HEADS)
+        if unknown:
+            raise ValueError(f"unknown heads {unknown}; known: {sorted(HEADS)}")
+        return heads
 
     def concurrency(self) -> int:
         replicas = self.deployment.get("num_replicas", 1)
@@ -150,16 +165,21 @@ class PredictorSpec(_Strict):
             return REPO_ROOT / self.checkpoint
         return head_checkpoint(head_of(policy) or DEFAULT_HEAD)
 
-    def heads(self, policy: str, every_predicted: bool) -> dict[str, Path]:
-        """Head checkpoints by name; the configured policy's head comes first.
-
-        `every_predicted` (benchmark headers on) adds every other head, so ESTP and EGTP policies
-        can be compared in one run from one shared prefill.
-        """
+    def heads(self, policy: str, benchmark_headers: bool) -> dict[str, Path]:
+        """Head checkpoints by name; the configured policy's head comes first, then `extra_heads`
+        (with benchmark headers and no list: every head, for whatever policy a request names)."""
         first = head_of(policy) or DEFAULT_HEAD
         heads = {} if self.cold else {first: self.checkpoint_path(policy)}
-        for other in sorted(HEADS - {first}) if every_predicted else ():
-            heads[other] = head_checkpoint(other)
+        if self.extra_heads is not None:
+            extra = self.extra_heads
+        elif benchmark_headers:  # those one prefill can serve beside the first (an early exit cannot)
+            layer = read_meta(heads[first]).feature_layer if heads else -1
+            extra = [h for h in sorted(HEADS) if read_meta(head_checkpoint(h)).feature_layer == layer]
+        else:
+            extra = []
+        for other in extra:
+            if other != first:
+                heads[other] = head_checkpoint(other)
         return heads
 
 

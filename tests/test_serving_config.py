@@ -34,9 +34,15 @@ def test_default_config_is_one_pool_behind_the_shortest_first_queue():
     assert config.predictor.checkpoint_path("egtp") == DEFAULT_CHECKPOINTS / "egtp" / "head"
     assert config.predictor.checkpoint_path("round_robin") == DEFAULT_CHECKPOINTS / "last_ens5" / "head"
     assert not config.router.benchmark_headers
-    assert config.predictor.heads("estp_work", every_predicted=False) == {"estp": DEFAULT_CHECKPOINTS / "estp" / "head"}
-    assert list(config.predictor.heads("round_robin", every_predicted=True)) == ["last", "egtp", "estp"]
-    assert list(config.predictor.heads("egtp", every_predicted=True)) == ["egtp", "estp", "last"]
+    assert config.predictor.heads("estp_work", False) == {"estp": DEFAULT_CHECKPOINTS / "estp" / "head"}
+    # Benchmark headers: every head one prefill can serve (the early exit reads another layer).
+    assert list(config.predictor.heads("round_robin", True)) == ["last", "egtp", "estp"]
+    assert list(config.predictor.heads("egtp", True)) == ["egtp", "estp", "last"]
+    assert list(config.predictor.heads("early_work", True)) == ["early"]
+    # A run names the heads its policies read: only their features are computed.
+    narrowed = config.predictor.model_copy(update={"extra_heads": ["estp"]})
+    assert list(narrowed.heads("egtp", True)) == ["egtp", "estp"]
+    assert list(narrowed.heads("estp", True)) == ["estp"]
 
 
 def test_ray_serves_own_queue_in_front_of_the_router_is_bounded_and_says_when_to_retry():

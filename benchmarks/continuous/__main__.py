@@ -8,6 +8,9 @@
            ceiling, oracle_work (and on request last_told: the head's order without its prefill),
            3 interleaved repeats (~10 min a run); per-request records in benchmarks/results/runs/,
            resumable
+  lean     the same burst, ray_default against last_work, with the lean predictor
+  early    the same burst, ray_default against early_work: the last token's head at layer 4 of 30
+           (the prefill stops there), on a stack serving that head alone
   stock    the same burst on Ray Serve LLM's own OpenAI app with the same engines (its own process:
            one Ray driver per cluster)
   sharegpt the same with 128 held-out ShareGPT prompts: ray_default against last_work
@@ -86,7 +89,8 @@ def _bare(args) -> dict:
 
 
 def _runs(args, name: str, trace, policies: list[str], traces: dict | None = None) -> None:
-    """Each repeat's policies back to back on one default stack (benchmark headers, request log on);
+    """Each repeat's policies back to back on one default stack (benchmark headers, request log on,
+    the heads of these policies only);
     runs already on disk are skipped; continuous.json's bursts are rewritten after every run.
     `traces`: a run label's own trace, run as the router policy bursts.TOLD_AS names."""
     from benchmarks.continuous import bursts
@@ -100,8 +104,7 @@ def _runs(args, name: str, trace, policies: list[str], traces: dict | None = Non
         return
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "requests.jsonl"
-        overrides = {"router": {"benchmark_headers": True, "request_log": str(log)}}
-        with RunningStack(Path(tmp), overrides) as stack:
+        with RunningStack(Path(tmp), bursts.stack_overrides(policies, log)) as stack:
             os.environ["RAY_ADDRESS"] = "auto"
             connect()
             actors = spawn_actors(stack.base_url, args.actors, 3600)
@@ -167,6 +170,7 @@ def _write_runs(args) -> dict:
 
     real = table("dataset_burst", (*bursts.DATASET_POLICIES, bursts.HEAD_TOLD, bursts.STOCK), False)
     lean = table(bursts.LEAN, bursts.LEAN_POLICIES, False)
+    early = table(bursts.EARLY, bursts.EARLY_POLICIES, False)
     sharegpt = table("sharegpt_burst", ("ray_default", "last_work"), True)
     current = parts_file.load(args.out, "continuous")
     loads = {name.removeprefix("load_"): table(name, ("ray_default", "last_work", "estp_work"), False)
@@ -174,6 +178,7 @@ def _write_runs(args) -> dict:
     loads = {k: {**v, "capacity_rps": bursts.measured_capacity(args.repeats)} for k, v in loads.items() if v}
     return _update(args.out, bursts={**current.get("bursts", {}), **({"real": real} if real else {}),
                                      **({"real_lean": lean} if lean else {}),
+                                     **({"real_early": early} if early else {}),
                                      **({"sharegpt": sharegpt} if sharegpt else {})},
                    **({"real": loads} if loads else {}))
 
@@ -200,6 +205,7 @@ def main(argv=None) -> None:
     b.add_argument("--policies", nargs="+", default=["ray_default", "last_work", "ceiling", "oracle_work"],
                    help="router policies, or last_told: last_work's order with its offline predictions told up front")
     ln = sub.add_parser("lean", help="the dataset burst, ray_default against last_work, with the lean predictor")
+    ea = sub.add_parser("early", help="the dataset burst, ray_default against early_work (the layer-4 head)")
     k = sub.add_parser("stock")
     g = sub.add_parser("sharegpt")
     g.add_argument("--policies", nargs="+", default=["ray_default", "last_work"])
@@ -208,7 +214,7 @@ def main(argv=None) -> None:
     lo.add_argument("--arrivals", nargs="+", default=["poisson", "azure"])
     lo.add_argument("--shares", type=float, nargs="+", default=[0.95], help="of the capacity the bursts measured")
     lo.add_argument("--requests", type=int, default=300)
-    for sp in (b, ln, k, g, lo):
+    for sp in (b, ln, ea, k, g, lo):
         sp.add_argument("--repeats", type=int, default=3)
         sp.add_argument("--actors", type=int, default=2)
     sb = sub.add_parser("simburst")
@@ -216,7 +222,7 @@ def main(argv=None) -> None:
     sb.add_argument("--seeds", type=int, default=10)
     sb.add_argument("--workers", type=int, default=2)
     sub.add_parser("report")
-    for sp in (s, d, r, b, ln, k, g, lo, sb):
+    for sp in (s, d, r, b, ln, ea, k, g, lo, sb):
         sp.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     out = getattr(args, "out", RESULTS)
@@ -237,6 +243,12 @@ def main(argv=None) -> None:
         from benchmarks.continuous import bursts
 
         _runs(args, bursts.LEAN, bursts.dataset_burst(), list(bursts.LEAN_POLICIES))
+        _write_runs(args)
+        return
+    if args.command == "early":
+        from benchmarks.continuous import bursts
+
+        _runs(args, bursts.EARLY, bursts.dataset_burst(), list(bursts.EARLY_POLICIES))
         _write_runs(args)
         return
     if args.command == "stock":

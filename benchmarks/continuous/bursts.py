@@ -11,6 +11,8 @@ a slow spell of the machine hits them alike.
   the same trace carries the known limits: `ceiling` (each prompt's median over its other
   samples) and `oracle_work` (the dataset's own length of the sample) beside `ray_default` and
   `last_work`;
+- the dataset burst again with the lean predictor (`last_work`), and with the early-exit head
+  (`early_work`);
 - Ray Serve LLM's own OpenAI app (`build_openai_app`) on the same burst, with the same two engines
   and settings, behind Ray's default router: what a user would pick instead;
 - ShareGPT burst: 128 of the developers' ShareGPT first turns the dataset never used;
@@ -20,12 +22,14 @@ a slow spell of the machine hits them alike.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 
 from benchmarks.replay.runs import RUNS, RunRecord, read_run, run_path
 from benchmarks.replay.trace import TraceRequest, arrival_times, build_trace
 from deployments.engine_pool import llm_config
+from scheduling.policies import head_of
 from serving.config import StackConfig
 
 BURST = 128
@@ -39,7 +43,23 @@ HEAD_TOLD = "last_told"
 # lean (benchmarks/results/predictor_levers.md): the `dataset_burst` runs of last_work predate it.
 LEAN = "dataset_burst_lean"
 LEAN_POLICIES = ("ray_default", "last_work")
+# The same burst, ray_default against early_work: the last token's head at layer 4 of 30, whose
+# prefill stops there, on a stack that serves that head alone (the runs above served every head:
+# ESTP's entropy and attention made each prediction 1.4x as costly as the last token's alone).
+EARLY = "dataset_burst_early"
+EARLY_POLICIES = ("ray_default", "early_work")
 TOLD_AS = {HEAD_TOLD: "ceiling"}  # a run label -> the router policy it runs as
+
+
+def stack_overrides(policies: list[str], request_log: Path) -> dict:
+    """The stack a run's policies need: benchmark headers, the request log, and the heads those
+    policies read and no other (an unread head's features would be computed for every prediction)."""
+    policies = [TOLD_AS.get(p, p) for p in policies]
+    heads = list(dict.fromkeys(head for p in policies if (head := head_of(p))))
+    router = {"benchmark_headers": True, "request_log": str(request_log)}
+    if heads:
+        router["policy"] = next(p for p in policies if head_of(p) == heads[0])
+    return {"router": router, "predictor": {"extra_heads": heads[1:]}}
 
 
 def dataset_burst(n: int = BURST, seed: int = 0) -> list[TraceRequest]:

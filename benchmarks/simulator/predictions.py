@@ -84,9 +84,8 @@ def predict_all(max_prompt_tokens: int, batch: int = 32, threads: int = 2) -> di
 
     from predictor.checkpoint import load_checkpoint
     from predictor.estimator import LengthEstimator, head_predictions, shared_features
-    from predictor.features import FeatureConfig
     from predictor.model_files import EMBEDDED_MODEL_ID, model_weights_hash, resolve_model_source
-    from predictor.train import CACHE_DIR, DEFAULT_TRAIL_LAYER, Example, FeatureCache, cached_features
+    from predictor.train import CACHE_DIR, Example, FeatureCache, cached_features, cached_layer
 
     torch.set_num_threads(threads)
     model_path = resolve_model_source("embedded")
@@ -96,28 +95,34 @@ def predict_all(max_prompt_tokens: int, batch: int = 32, threads: int = 2) -> di
     ids = {pid: router_ids(tokenizer, EMBEDDED_MODEL_ID, text) for pid, text in prompts.items()}
     # The router never predicts longer prompts (predictor.max_prompt_tokens): they fall back.
     ids = {pid: i for pid, i in ids.items() if len(i) <= max_prompt_tokens}
-    features = FeatureCache(CACHE_DIR, weights, FeatureConfig(aux_layer=DEFAULT_TRAIL_LAYER))
     heads = {name: load_checkpoint(head_checkpoint(name), weights) for name in CHECKPOINTS}
     todo = {}
     for name in CHECKPOINTS:
         prune_stale(name)
         done = {(r["prompt_id"], r["ids"]) for r in _current_rows(name)}
         todo[name] = [pid for pid in ids if (pid, ids_hash(ids[pid])) not in done]
-    missing = sorted({pid for pids in todo.values() for pid in pids}, key=lambda pid: len(ids[pid]))
-    uncached = {tuple(e.ids) for e in features.missing([Example(pid, ids[pid]) for pid in missing])}
-    fresh = [pid for pid in missing if tuple(ids[pid]) in uncached]
-    cached = [pid for pid in missing if tuple(ids[pid]) not in uncached]
-    debias = shared_features([meta for _, meta in heads.values()]).debias
     predicted: dict[str, dict] = {}
-    with torch.no_grad():
-        for pid in tqdm(cached, desc="predict (cached features)", unit="prompt"):
-            predicted[pid] = head_predictions(heads, cached_features(features.load(ids[pid]), debias))[0]
-    if fresh:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        estimator = LengthEstimator(model, tokenizer, heads)
-        for start in tqdm(range(0, len(fresh), batch), desc="predict (prefill)", unit="batch"):
-            chunk = fresh[start:start + batch]
-            predicted.update(zip(chunk, estimator.predict_each([ids[pid] for pid in chunk])))
+    model = None
+    # One prefill serves the heads of one layer: the early exit's head gets its own.
+    for layer in sorted({meta.feature_layer for _, meta in heads.values()}):
+        group = {name: h for name, h in heads.items() if h[1].feature_layer == layer}
+        features = FeatureCache(CACHE_DIR, weights, cached_layer(layer))
+        missing = sorted({pid for name in group for pid in todo[name]}, key=lambda pid: len(ids[pid]))
+        uncached = {tuple(e.ids) for e in features.missing([Example(pid, ids[pid]) for pid in missing])}
+        fresh = [pid for pid in missing if tuple(ids[pid]) in uncached]
+        cached = [pid for pid in missing if tuple(ids[pid]) not in uncached]
+        debias = shared_features([meta for _, meta in group.values()]).debias
+        with torch.no_grad():
+            for pid in tqdm(cached, desc=f"predict layer {layer} (cached features)", unit="prompt"):
+                row = head_predictions(group, cached_features(features.load(ids[pid]), debias))[0]
+                predicted[pid] = {**predicted.get(pid, {}), **row}
+        if fresh:
+            model = model or AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+            estimator = LengthEstimator(model, tokenizer, group)
+            for start in tqdm(range(0, len(fresh), batch), desc=f"predict layer {layer} (prefill)", unit="batch"):
+                chunk = fresh[start:start + batch]
+                for pid, row in zip(chunk, estimator.predict_each([ids[pid] for pid in chunk])):
+                    predicted[pid] = {**predicted.get(pid, {}), **row}
     for name in CHECKPOINTS:
         current = checkpoint_hash(name)
         with cache_path(name).open("a") as fh:
