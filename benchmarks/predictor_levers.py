@@ -14,9 +14,13 @@ thread (as the deployment runs), on the idle machine:
    before this benchmark), the batch size, and prompt truncation (predict from the last N tokens).
    Concurrency is not a lever here: a second prefill thread against busy cores was measured
    3-9x slower per thread (deployments/predictor_deployment.py), so the deployment keeps one.
-2. Accuracy: the default head on the dataset's val and test prompts, whole against truncated:
-   MAE per sample (mean over scenarios) and the rank concordance that shortest-first acts on (the
-   share of prompt pairs with different mean lengths that the predictions order correctly).
+   Two more levers are the heads served: every head at once (as benchmark stacks served them
+   until this was measured: ESTP's entropy and attention ride on every prediction), and the
+   early-exit head (`early`: the last token's state at layer 4 of 30, the prefill stops there).
+2. Accuracy: the `last` and `early` heads on the dataset's val and test prompts, whole against
+   truncated: MAE per sample (mean over scenarios) and the rank concordance that shortest-first
+   acts on (the share of prompt pairs with different mean lengths that the predictions order
+   correctly).
 
 Writes benchmarks/results/predictor_levers.{json,md,png}.
 """
@@ -37,50 +41,67 @@ from predictor.features import MAX_PADDING
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STEM = "predictor_levers"
-HEAD = "predictor/checkpoints/last_ens5/head"  # last_work's head, the default policy's
 SLOTS = 32  # the default stack's: the burst's first 32 requests never wait
 TRUNCATIONS = (None, 512, 256, 128)
-# (label, batch size, padding bound, truncation): the deployment's batching as it was, then one
-# lever changed at a time.
+LAST, EVERY, EARLY = ("last",), ("last", "estp", "egtp"), ("early",)
+ACCURACY_HEADS = ("last", "early")
+# (label, heads served, batch size, padding bound, truncation): the deployment's batching as it
+# was, then one lever changed at a time.
 COST_CASES = (
-    ("before: batch 8, padding unbounded", 8, math.inf, None),
-    ("batch 8, padding <= 12.5%", 8, MAX_PADDING, None),
-    ("batch 1", 1, MAX_PADDING, None),
-    ("batch 32, padding <= 12.5%", 32, MAX_PADDING, None),
-    *((f"batch 8, padding <= 12.5%, last {k} tokens", 8, MAX_PADDING, k) for k in TRUNCATIONS[1:]),
+    ("before: batch 8, padding unbounded", LAST, 8, math.inf, None),
+    ("batch 8, padding <= 12.5%", LAST, 8, MAX_PADDING, None),
+    ("batch 1", LAST, 1, MAX_PADDING, None),
+    ("batch 32, padding <= 12.5%", LAST, 32, MAX_PADDING, None),
+    *((f"batch 8, padding <= 12.5%, last {k} tokens", LAST, 8, MAX_PADDING, k) for k in TRUNCATIONS[1:]),
+    ("every head (ESTP, EGTP, last), last 256 tokens", EVERY, 8, MAX_PADDING, 256),
+    ("early exit at layer 4 (early head), last 256 tokens", EARLY, 8, MAX_PADDING, 256),
 )
 
 
-def _estimator():
+def _estimators() -> dict:
+    """An estimator per set of heads served, all on one copy of the model."""
     import torch
 
+    from predictor.checkpoint import load_checkpoint
     from predictor.estimator import LengthEstimator
-    from predictor.model_files import resolve_model_source
+    from predictor.model_files import model_weights_hash, resolve_model_source
+    from serving.config import head_checkpoint
 
-    return LengthEstimator.load(resolve_model_source("embedded"), {"last": HEAD}, dtype=torch.float32,
-                                max_batch_size=8, max_prompt_tokens=2048)
+    source = resolve_model_source("embedded")
+    base = LengthEstimator.load(source, {"last": head_checkpoint("last")}, dtype=torch.float32, max_batch_size=8,
+                                max_prompt_tokens=2048)
+    weights = model_weights_hash(source)
+    out = {LAST: base}
+    for heads in {case[1] for case in COST_CASES} | {(h,) for h in ACCURACY_HEADS}:
+        if heads not in out:
+            out[heads] = LengthEstimator(base.model, base.tokenizer,
+                                         {h: load_checkpoint(head_checkpoint(h), weights) for h in heads},
+                                         max_batch_size=8, max_prompt_tokens=2048)
+    return out
 
 
-def cost(estimator, repeats: int) -> list[dict]:
+def cost(estimators: dict, repeats: int) -> list[dict]:
     """Seconds to predict the burst's waiting prompts, per case; cases interleaved repeat by repeat."""
     from benchmarks.continuous.bursts import dataset_burst
 
-    waiting = [estimator.encode(r.messages) for r in dataset_burst()[SLOTS:]]
-    waiting = [ids for ids in waiting if len(ids) <= estimator.max_prompt_tokens]  # longer ones fall back
+    first = estimators[LAST]
+    waiting = [first.encode(r.messages) for r in dataset_burst()[SLOTS:]]
+    waiting = [ids for ids in waiting if len(ids) <= first.max_prompt_tokens]  # longer ones fall back
     seconds = defaultdict(list)
     for _ in range(repeats):
-        for label, batch, padding, truncate in COST_CASES:
+        for label, heads, batch, padding, truncate in COST_CASES:
+            estimator = estimators[heads]
             estimator.max_batch_size, estimator.max_padding, estimator.truncate_prompt_tokens = batch, padding, truncate
             start = time.perf_counter()
             for i in range(0, len(waiting), batch):
                 estimator.predict_each(waiting[i:i + batch])
             seconds[label].append(time.perf_counter() - start)
-    estimator.max_batch_size, estimator.max_padding, estimator.truncate_prompt_tokens = 8, MAX_PADDING, None
+            estimator.max_batch_size, estimator.max_padding, estimator.truncate_prompt_tokens = 8, MAX_PADDING, None
     tokens = sum(len(ids) for ids in waiting)
-    return [{"case": label, "batch": batch, "max_padding": None if math.isinf(padding) else padding,
+    return [{"case": label, "heads": list(heads), "batch": batch, "max_padding": None if math.isinf(padding) else padding,
              "truncate_prompt_tokens": truncate, "prompts": len(waiting), "prompt_tokens": tokens,
              "seconds": seconds[label], "median_s": float(np.median(seconds[label]))}
-            for label, batch, padding, truncate in COST_CASES]
+            for label, heads, batch, padding, truncate in COST_CASES]
 
 
 def concordance(predicted: np.ndarray, truth: np.ndarray) -> float:
@@ -92,8 +113,8 @@ def concordance(predicted: np.ndarray, truth: np.ndarray) -> float:
     return float(((dp == dt).sum() + 0.5 * (dp == 0).sum()) / differ.sum())
 
 
-def accuracy(estimator) -> list[dict]:
-    """The head on every val/test prompt (up to max_prompt_tokens), whole and per truncation."""
+def accuracy(estimator, head: str) -> list[dict]:
+    """`head` on every val/test prompt (up to max_prompt_tokens), whole and per truncation."""
     from tqdm import tqdm
 
     from benchmarks.accuracy.metrics import by_scenario
@@ -118,11 +139,11 @@ def accuracy(estimator) -> list[dict]:
         predicted = dict(whole or {})
         for chunk in tqdm([todo[i:i + 8] for i in range(0, len(todo), 8)], desc=f"truncate {truncate}", leave=False):
             for pid, result in zip(chunk, estimator.predict_each([ids[pid] for pid in chunk])):
-                predicted[pid] = result["last"].expected_tokens
+                predicted[pid] = result[head].expected_tokens
         whole = whole or predicted
         scores = by_scenario([predicted[r["prompt_id"]] for r in samples], [r["output_tokens"] for r in samples],
                              [r["scenario"] for r in samples], [r["prompt_id"] for r in samples])
-        out.append({"truncate_prompt_tokens": truncate, "prompts": len(order),
+        out.append({"head": head, "truncate_prompt_tokens": truncate, "prompts": len(order),
                     "prompts_shortened": 0 if truncate is None else sum(len(ids[p]) > truncate for p in order),
                     "mae": scores["avg"]["mae"], "mae_by_scenario": {k: v["mae"] for k, v in scores.items() if k != "avg"},
                     "rank_concordance": concordance(np.array([predicted[p] for p in order]), means)})
@@ -148,12 +169,13 @@ def markdown(result: dict) -> str:
                   "engines' decoding.", ""]
     acc = result["accuracy"]
     if acc:
-        lines += [f"## Accuracy: the `last` head on {acc[0]['prompts']} val/test prompts", "",
-                  "| prompt given to the predictor | prompts shortened | MAE (tokens, mean over scenarios) "
-                  "| rank concordance |", "|---|---|---|---|"]
+        lines += [f"## Accuracy on {acc[0]['prompts']} val/test prompts", "",
+                  "| head | prompt given to the predictor | prompts shortened | MAE (tokens, mean over scenarios) "
+                  "| rank concordance |", "|---|---|---|---|---|"]
         for row in acc:
             what = "whole" if row["truncate_prompt_tokens"] is None else f"last {row['truncate_prompt_tokens']} tokens"
-            lines.append(f"| {what} | {row['prompts_shortened']} | {row['mae']:.1f} | {row['rank_concordance']:.3f} |")
+            lines.append(f"| {row.get('head', 'last')} | {what} | {row['prompts_shortened']} | {row['mae']:.1f} "
+                         f"| {row['rank_concordance']:.3f} |")
         lines.append("")
     lines += _default_lines(result)
     return "\n".join(lines)
@@ -165,8 +187,9 @@ def _default_lines(result: dict) -> list[str]:
 
     spec = PredictorSpec()
     cost = next((r for r in result["cost"] if r["truncate_prompt_tokens"] == spec.truncate_prompt_tokens
-                 and r["batch"] == spec.max_batch_size and r["max_padding"] == MAX_PADDING), None)
-    acc = {r["truncate_prompt_tokens"]: r for r in result["accuracy"]}
+                 and r["batch"] == spec.max_batch_size and r["max_padding"] == MAX_PADDING
+                 and r.get("heads", list(LAST)) == list(LAST)), None)
+    acc = {r["truncate_prompt_tokens"]: r for r in result["accuracy"] if r.get("head", "last") == "last"}
     if cost is None or spec.truncate_prompt_tokens not in acc or None not in acc:
         return []
     chosen, whole = acc[spec.truncate_prompt_tokens], acc[None]
@@ -187,13 +210,17 @@ def plot(result: dict, out: Path) -> None:
     rows = result["cost"]
     a.barh([r["case"] for r in rows][::-1], [r["median_s"] for r in rows][::-1], color="tab:blue")
     a.set_xlabel("seconds to predict the burst's waiting prompts (1 thread)")
-    acc = result["accuracy"]
-    labels = ["whole" if r["truncate_prompt_tokens"] is None else f"last {r['truncate_prompt_tokens']}" for r in acc]
-    b.plot(labels, [r["mae"] for r in acc], "o-", color="tab:red")
-    b.set_ylabel("MAE (tokens)", color="tab:red")
     twin = b.twinx()
-    twin.plot(labels, [r["rank_concordance"] for r in acc], "s--", color="tab:green")
+    for head, style in zip(ACCURACY_HEADS, ("-", ":")):
+        acc = [r for r in result["accuracy"] if r.get("head", "last") == head]
+        labels = ["whole" if r["truncate_prompt_tokens"] is None else f"last {r['truncate_prompt_tokens']}" for r in acc]
+        b.plot(labels, [r["mae"] for r in acc], "o" + style, color="tab:red", label=f"{head}: MAE")
+        twin.plot(labels, [r["rank_concordance"] for r in acc], "s" + style, color="tab:green",
+                  label=f"{head}: concordance")
+    b.set_ylabel("MAE (tokens)", color="tab:red")
     twin.set_ylabel("rank concordance", color="tab:green")
+    b.legend(loc="upper left", fontsize=8)
+    twin.legend(loc="upper right", fontsize=8)
     b.set_title("accuracy against prompt truncation")
     fig.tight_layout()
     fig.savefig(out / f"{STEM}.png", dpi=110)
@@ -210,10 +237,11 @@ def main(argv=None) -> None:
     import torch
 
     torch.set_num_threads(1)
-    estimator = _estimator()
-    rows = cost(estimator, args.repeats)
+    estimators = _estimators()
+    rows = cost(estimators, args.repeats)
     parts_file.update(args.out, STEM, markdown, plot, repeats=args.repeats, cost=rows, accuracy=[])
-    parts_file.update(args.out, STEM, markdown, plot, accuracy=accuracy(estimator))
+    parts_file.update(args.out, STEM, markdown, plot,
+                      accuracy=[row for head in ACCURACY_HEADS for row in accuracy(estimators[(head,)], head)])
 
 
 if __name__ == "__main__":

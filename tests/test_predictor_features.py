@@ -95,6 +95,24 @@ def test_hidden_layers_follow_hidden_states_convention(model, batch, eager_out):
     assert (f.hidden[~mask] == 0).all()
 
 
+def test_an_early_layer_stops_the_prefill_there(model, batch, eager_out):
+    _, ids, mask = batch
+    ran = []
+    hooks = [layer.register_forward_hook(lambda m, a, o, i=i: ran.append(i))
+             for i, layer in enumerate(model.base_model.layers)]
+    try:
+        f = extract_features(model, ids, mask, FeatureConfig(layer=4, entropy=False, attention=False))
+        early_ran, ran[:] = list(ran), []
+        extract_features(model, ids, mask, FeatureConfig(layer=4, entropy=True, attention=False))  # entropy: to the end
+    finally:
+        for h in hooks:
+            h.remove()
+    assert early_ran == [0, 1, 2, 3]
+    assert ran == list(range(len(model.base_model.layers)))
+    assert torch.allclose(f.hidden[mask], eager_out.hidden_states[4][mask], rtol=1e-4, atol=1e-4)
+    assert f.entropy is None and f.attention_received is None
+
+
 def test_padding_invariance_and_blocking(model, batch):
     seqs, ids, mask = batch
     batched = extract_features(model, ids, mask)

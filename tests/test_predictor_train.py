@@ -9,7 +9,7 @@ from predictor import train
 from predictor.model_files import model_weights_hash
 from predictor.checkpoint import load_checkpoint
 from predictor.estimator import LengthEstimator, encode_prompt
-from predictor.features import FeatureConfig, extract_features, pad_left
+from predictor.features import extract_features, pad_left
 from predictor.pooling import pool
 from tests import MODEL_DIR
 
@@ -69,7 +69,7 @@ def test_train_cache_and_reload(dataset, cache_dir, tmp_path, monkeypatch):
     run(dataset, cache_dir, tmp_path, "estp", "--lam", "0", "--no-debias", "--loss", "crps")
 
 
-@pytest.mark.parametrize("method", ["estp", "trail"])
+@pytest.mark.parametrize("method", ["estp", "trail", "early4_ens5"])
 def test_training_inputs_match_inference_inputs(dataset, cache_dir, tmp_path, method):
     """The cached path must pool exactly what LengthEstimator pools at serving time."""
     path = run(dataset, cache_dir, tmp_path, method)
@@ -77,7 +77,7 @@ def test_training_inputs_match_inference_inputs(dataset, cache_dir, tmp_path, me
     _, splits = train.read_dataset(dataset, est.tokenizer)
     recipe = train.RECIPES[method]
     _, meta = est.heads[est.default]
-    cache = train.FeatureCache(cache_dir, meta.base_model_hash, FeatureConfig(aux_layer=train.DEFAULT_TRAIL_LAYER))
+    cache = train.FeatureCache(cache_dir, meta.base_model_hash, train.cached_layer(recipe.layer))
     from_cache = train.pooled_inputs(cache, splits["val"], recipe, debias=True)
     ids = [e.ids for e in splits["val"]]
     with torch.no_grad():

@@ -205,11 +205,11 @@ def burst_verdict(block: dict, policy: str = "last_work") -> dict | None:
     return {"repeats": len(mean["each"]), "checks": checks}
 
 
-def _verdict_lines(block: dict) -> list[str]:
-    verdict = burst_verdict(block)
+def _verdict_lines(block: dict, policy: str = "last_work") -> list[str]:
+    verdict = burst_verdict(block, policy)
     if not verdict:
         return []
-    return ["", f"Targets for last_work ({verdict['repeats']} repeats): " + "; ".join(
+    return ["", f"Targets for {policy} ({verdict['repeats']} repeats): " + "; ".join(
         f"{name}: {'held' if ok else 'MISSED'}" for name, ok in verdict["checks"].items()) + "."]
 
 
@@ -244,6 +244,16 @@ def _bursts_lines(bursts: dict) -> list[str]:
                   f"{lean['lost_requests']}.", ""] + _burst_table(lean) + _changes(lean)
         lines += _verdict_lines(lean)
         lines.append("")
+    early = bursts.get("real_early")
+    if early:
+        lines += ["## The same burst with the early-exit head", "",
+                  "The dataset burst again, ray_default against early_work back to back: the last prompt token's "
+                  "state at layer 4 of the model's 30, so the predictor's prefill stops there (a seventh of its "
+                  "cost, predictor_levers.md), on a stack that serves that head alone. The runs above served every "
+                  "head at once (benchmark stacks did, so that a request could name any policy), and ESTP's "
+                  "entropy and attention made each of their predictions 1.4x as costly as the last token's alone. "
+                  f"{len(early['repeats'])} repeats; failed or lost: {early['lost_requests']}.", ""]
+        lines += _burst_table(early) + _changes(early) + _verdict_lines(early, "early_work") + [""]
     simulated = bursts.get("simulated")
     if simulated:
         st = bursts.get("simulated_settings", {})
@@ -256,7 +266,8 @@ def _bursts_lines(bursts: dict) -> list[str]:
                   "over seeds [min, max]. At 2 replicas the real burst's medians stand beside it.", "",
                   "| replicas | policy | mean JCT s | mean JCT | short p99 | p99 JCT | real: mean JCT | real: short p99 |",
                   "|---|---|---|---|---|---|---|---|"]
-        real_changes = (real or {}).get("changes_vs_ray_default", {})
+        real_changes = {**(real or {}).get("changes_vs_ray_default", {}),
+                        **(early or {}).get("changes_vs_ray_default", {})}
         for size, by_policy in simulated.items():
             for policy, m in by_policy.items():
                 cells = [f"{_pct(m[f'{k}_change'])} [{_pct(m[f'{k}_change_range'][0])}, {_pct(m[f'{k}_change_range'][1])}]"

@@ -102,7 +102,7 @@ def merge(old: dict, new: dict) -> dict:
 
 
 BURST_REPLICAS = (2, 4, 10, 100)
-BURST_POLICIES = ("ray_default", "last_work", "ceiling", "oracle_work")
+BURST_POLICIES = ("ray_default", "last_work", "early_work", "ceiling", "oracle_work")
 BURST_PER_SLOT = 4  # a burst of 4x the slots, as the real one (128 onto 32)
 BURST_METRICS = ("mean_jct_s", "p50_jct_s", "p99_jct_s", "short_p99_jct_s", "mean_ttft_s", "throughput_tok_s")
 
