@@ -159,7 +159,7 @@ class Router:
 
     def _checked(self, body, kind: str) -> None:
         check_request(body, kind, self._model.id, self._model.max_model_len, self._config.router.limits,
-                      self._vocab_size)
+                      self._vocab_size, seeded_sampling=self._model.accelerator != "cpu")
 
     @api.post("/v1/chat/completions")
     async def chat(self, body: ChatBody, request: Request):

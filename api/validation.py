@@ -10,7 +10,9 @@ one handler (`validation_error`). On top of the schema:
 - bounds that stop one client from holding an engine: `n`, prompts per completions call, `stop`
   entries;
 - no client-supplied chat template unless the deployment trusts them: a template is code the
-  router runs (vLLM refuses them the same way unless trusted).
+  router runs (vLLM refuses them the same way unless trusted);
+- no `seed` on CPU engines: vLLM's CPU sampler fails on a seeded request ("CPU Generator does not
+  use offset") and the engine dies with every request it holds.
 Checks that need the rendered prompt (longer than the context) stay with the engine, which
 answers them as 400.
 """
@@ -112,8 +114,9 @@ def parse_request(raw: bytes, kind: Kind):
 
 
 def check_request(body, kind: Kind, served_model: str, max_model_len: int, limits: RequestLimits,
-                  vocab_size: int) -> None:
-    """What the schema cannot say; raises APIError."""
+                  vocab_size: int, seeded_sampling: bool) -> None:
+    """What the schema cannot say; raises APIError. `seeded_sampling`: whether the engines honour
+    `seed` (vLLM's CPU sampler does not: a seeded request kills the engine and every request on it)."""
     if not body.model:
         raise APIError(400, "Missing required parameter: 'model'.", param="model")
     if body.model != served_model:
@@ -124,6 +127,9 @@ def check_request(body, kind: Kind, served_model: str, max_model_len: int, limit
     else:
         _check_prompt(body.prompt, limits, vocab_size)
     _check_bounds(body, limits, max_model_len)
+    if body.seed is not None and not seeded_sampling:
+        raise APIError(400, "'seed' is not supported by this server's CPU engines (vLLM's CPU sampler "
+                       "cannot seed a request); send the request without it.", param="seed")
 
 
 def _check_messages(body, limits: RequestLimits) -> None:

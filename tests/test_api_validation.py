@@ -14,10 +14,10 @@ LIMITS = RequestLimits(max_n=8, max_prompts=4, max_stop=4)
 VOCAB = 1000
 
 
-def _parse(payload, kind="chat", limits=LIMITS):
+def _parse(payload, kind="chat", limits=LIMITS, seeded_sampling=True):
     raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     body = parse_request(raw, kind)
-    check_request(body, kind, MODEL, 100, limits, VOCAB)
+    check_request(body, kind, MODEL, 100, limits, VOCAB, seeded_sampling)
     return body
 
 
@@ -84,3 +84,14 @@ def test_api_keys_off_by_default_then_bearer_only(tmp_path):
         with pytest.raises(APIError) as err:
             keys.check(headers)
         assert err.value.status == 401 and err.value.body()["error"]["type"] == "authentication_error"
+
+
+def test_a_seed_is_refused_where_the_engines_cannot_honour_it():
+    """vLLM's CPU sampler kills the engine on a seeded request (every request it held failed with
+    EngineDeadError in a seeded burst); a GPU engine takes it."""
+    assert _parse(_chat(seed=7)).seed == 7
+    for kind, payload in (("chat", _chat(seed=7)), ("completions", {"model": MODEL, "prompt": "x", "seed": 0})):
+        with pytest.raises(APIError) as e:
+            _parse(payload, kind, seeded_sampling=False)
+        assert e.value.status == 400 and e.value.param == "seed"
+    assert _parse(_chat(), seeded_sampling=False).seed is None
