@@ -88,17 +88,6 @@ def test_max_true_tokens_keeps_only_answers_that_ended_within_it():
     assert len({r.true_output_tokens for r in trace}) > 1
 
 
-def test_a_seeded_repeat_sends_the_same_seeds_to_every_policy_and_new_ones_next_repeat():
-    from benchmarks.continuous.bursts import seeded
-
-    trace = build_trace(TINY, split="test", n=4, arrival="poisson", rate=1.0)
-    assert "seed" not in trace[0].body("m")
-    first, again, second = seeded(trace, 0), seeded(trace, 0), seeded(trace, 1)
-    assert [r.body("m")["seed"] for r in first] == [r.body("m")["seed"] for r in again]
-    assert not {r.seed for r in first} & {r.seed for r in second}
-    assert len({r.seed for r in first}) == len(trace)
-
-
 def test_a_run_stack_serves_only_the_heads_its_policies_read(tmp_path):
     from benchmarks.continuous.bursts import stack_overrides
 

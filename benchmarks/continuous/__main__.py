@@ -11,8 +11,6 @@
   lean     the same burst, ray_default against last_work, with the lean predictor
   early    the same burst, ray_default against early_work: the last token's head at layer 4 of 30
            (the prefill stops there), on a stack serving that head alone
-  paired   the same with seeded sampling, the seeds changing per repeat: a repeat's two policies
-           serve the same outputs (unseeded runs of one trace differ by up to 15% in tokens)
   stock    the same burst on Ray Serve LLM's own OpenAI app with the same engines (its own process:
            one Ray driver per cluster)
   sharegpt the same with 128 held-out ShareGPT prompts: ray_default against last_work
@@ -90,12 +88,11 @@ def _bare(args) -> dict:
     )
 
 
-def _runs(args, name: str, trace, policies: list[str], traces: dict | None = None, seeded: bool = False) -> None:
+def _runs(args, name: str, trace, policies: list[str], traces: dict | None = None) -> None:
     """Each repeat's policies back to back on one default stack (benchmark headers, request log on,
     the heads of these policies only);
     runs already on disk are skipped; continuous.json's bursts are rewritten after every run.
-    `traces`: a run label's own trace, run as the router policy bursts.TOLD_AS names; `seeded`:
-    each repeat's requests carry sampling seeds of that repeat (bursts.seeded)."""
+    `traces`: a run label's own trace, run as the router policy bursts.TOLD_AS names."""
     from benchmarks.continuous import bursts
     from benchmarks.replay.__main__ import drain
     from benchmarks.replay.actors import connect, spawn_actors
@@ -113,9 +110,8 @@ def _runs(args, name: str, trace, policies: list[str], traces: dict | None = Non
             actors = spawn_actors(stack.base_url, args.actors, 3600)
             for k, policy in todo:
                 drain(stack.base_url)
-                run_trace = (traces or {}).get(policy, trace)
-                execute(f"{name}/{policy}/r{k}", stack.base_url, actors,
-                        bursts.seeded(run_trace, k) if seeded else run_trace, bursts.TOLD_AS.get(policy, policy), log)
+                execute(f"{name}/{policy}/r{k}", stack.base_url, actors, (traces or {}).get(policy, trace),
+                        bursts.TOLD_AS.get(policy, policy), log)
                 _write_runs(args)
             import ray
 
@@ -175,7 +171,6 @@ def _write_runs(args) -> dict:
     real = table("dataset_burst", (*bursts.DATASET_POLICIES, bursts.HEAD_TOLD, bursts.STOCK), False)
     lean = table(bursts.LEAN, bursts.LEAN_POLICIES, False)
     early = table(bursts.EARLY, bursts.EARLY_POLICIES, False)
-    paired = table(bursts.PAIRED, bursts.PAIRED_POLICIES, False)
     sharegpt = table("sharegpt_burst", ("ray_default", "last_work"), True)
     current = parts_file.load(args.out, "continuous")
     loads = {name.removeprefix("load_"): table(name, ("ray_default", "last_work", "estp_work"), False)
@@ -184,7 +179,6 @@ def _write_runs(args) -> dict:
     return _update(args.out, bursts={**current.get("bursts", {}), **({"real": real} if real else {}),
                                      **({"real_lean": lean} if lean else {}),
                                      **({"real_early": early} if early else {}),
-                                     **({"real_paired": paired} if paired else {}),
                                      **({"sharegpt": sharegpt} if sharegpt else {})},
                    **({"real": loads} if loads else {}))
 
@@ -212,7 +206,6 @@ def main(argv=None) -> None:
                    help="router policies, or last_told: last_work's order with its offline predictions told up front")
     ln = sub.add_parser("lean", help="the dataset burst, ray_default against last_work, with the lean predictor")
     ea = sub.add_parser("early", help="the dataset burst, ray_default against early_work (the layer-4 head)")
-    pa = sub.add_parser("paired", help="the same with seeded sampling: both policies of a repeat serve the same outputs")
     k = sub.add_parser("stock")
     g = sub.add_parser("sharegpt")
     g.add_argument("--policies", nargs="+", default=["ray_default", "last_work"])
@@ -221,7 +214,7 @@ def main(argv=None) -> None:
     lo.add_argument("--arrivals", nargs="+", default=["poisson", "azure"])
     lo.add_argument("--shares", type=float, nargs="+", default=[0.95], help="of the capacity the bursts measured")
     lo.add_argument("--requests", type=int, default=300)
-    for sp in (b, ln, ea, pa, k, g, lo):
+    for sp in (b, ln, ea, k, g, lo):
         sp.add_argument("--repeats", type=int, default=3)
         sp.add_argument("--actors", type=int, default=2)
     sb = sub.add_parser("simburst")
@@ -229,7 +222,7 @@ def main(argv=None) -> None:
     sb.add_argument("--seeds", type=int, default=10)
     sb.add_argument("--workers", type=int, default=2)
     sub.add_parser("report")
-    for sp in (s, d, r, b, ln, ea, pa, k, g, lo, sb):
+    for sp in (s, d, r, b, ln, ea, k, g, lo, sb):
         sp.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     out = getattr(args, "out", RESULTS)
@@ -256,12 +249,6 @@ def main(argv=None) -> None:
         from benchmarks.continuous import bursts
 
         _runs(args, bursts.EARLY, bursts.dataset_burst(), list(bursts.EARLY_POLICIES))
-        _write_runs(args)
-        return
-    if args.command == "paired":
-        from benchmarks.continuous import bursts
-
-        _runs(args, bursts.PAIRED, bursts.dataset_burst(), list(bursts.PAIRED_POLICIES), seeded=True)
         _write_runs(args)
         return
     if args.command == "stock":

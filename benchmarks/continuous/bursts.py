@@ -48,17 +48,7 @@ LEAN_POLICIES = ("ray_default", "last_work")
 # ESTP's entropy and attention made each prediction 1.4x as costly as the last token's alone).
 EARLY = "dataset_burst_early"
 EARLY_POLICIES = ("ray_default", "early_work")
-# The same again with every request seeded, the seeds changing from repeat to repeat: the policies
-# of one repeat then serve the very same outputs, where unseeded runs of one trace differed by up
-# to 15% in the tokens generated (a 1024-token answer more or less moves the mean JCT by ~1%).
-PAIRED = "dataset_burst_paired"
-PAIRED_POLICIES = ("ray_default", "early_work")
 TOLD_AS = {HEAD_TOLD: "ceiling"}  # a run label -> the router policy it runs as
-
-
-def seeded(trace: list[TraceRequest], repeat: int) -> list[TraceRequest]:
-    """The trace with a sampling seed per request, the same for every policy of one repeat."""
-    return [r.model_copy(update={"seed": repeat * len(trace) + i}) for i, r in enumerate(trace)]
 
 
 def stack_overrides(policies: list[str], request_log: Path) -> dict:

@@ -241,7 +241,7 @@ def _bursts_lines(bursts: dict) -> list[str]:
         limits = ", ".join(f"{k} {_pct(a)} / {_pct(b)}" for k, (a, b) in SIMULATED_LIMITS.items())
         lines += ["", f"The limits the issue's independent simulation gives for this burst (mean JCT / short p99 "
                   f"against FIFO, predictions never late): {limits}.", ""]
-    lean, early, paired = bursts.get("real_lean"), bursts.get("real_early"), bursts.get("real_paired")
+    lean, early = bursts.get("real_lean"), bursts.get("real_early")
     lines += _rerun_lines(
         "The same burst with the lean predictor", lean, "last_work",
         "The dataset burst again, ray_default against last_work back to back, after the predictor's prefill "
@@ -255,11 +255,6 @@ def _bursts_lines(bursts: dict) -> list[str]:
         "predictor_levers.md), on a stack that serves that head alone. The runs above served every head at once "
         "(benchmark stacks did, so that a request could name any policy), and ESTP's entropy and attention made "
         "each of their predictions 1.4x as costly as the last token's alone.")
-    lines += _rerun_lines(
-        "The same burst, seeded: both policies serve the same outputs", paired, "early_work",
-        "As above, with a sampling seed on every request (new seeds each repeat): the two policies of a repeat "
-        "generate the same answers, so their difference is the order's alone. Unseeded, runs of the same trace "
-        "generated 56k to 68k tokens, and that alone moves the mean JCT by as much as the order can.")
     simulated = bursts.get("simulated")
     if simulated:
         st = bursts.get("simulated_settings", {})
@@ -273,7 +268,7 @@ def _bursts_lines(bursts: dict) -> list[str]:
                   "| replicas | policy | mean JCT s | mean JCT | short p99 | p99 JCT | real: mean JCT | real: short p99 |",
                   "|---|---|---|---|---|---|---|---|"]
         real_changes = {**(real or {}).get("changes_vs_ray_default", {}),
-                        **(paired or early or {}).get("changes_vs_ray_default", {})}
+                        **(early or {}).get("changes_vs_ray_default", {})}
         for size, by_policy in simulated.items():
             for policy, m in by_policy.items():
                 cells = [f"{_pct(m[f'{k}_change'])} [{_pct(m[f'{k}_change_range'][0])}, {_pct(m[f'{k}_change_range'][1])}]"

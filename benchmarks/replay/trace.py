@@ -48,9 +48,6 @@ class TraceRequest(BaseModel):
     # The median length of the prompt's *other* samples (capped like the true length), or None
     # with fewer than two others: what a perfect prompt-only predictor could know (the ceiling).
     ceiling_tokens: int | None = None
-    # The sampling seed (OpenAI `seed`): with one, the engine draws the same output for the
-    # prompt whatever the policy and the batch around it, so two policies serve the same work.
-    seed: int | None = None
 
     def known_tokens(self, policy: str) -> int | None:
         """The length a known-length policy is told (X-True-Output-Tokens): the prompt's median
@@ -59,8 +56,6 @@ class TraceRequest(BaseModel):
 
     def body(self, model: str) -> dict:
         fields = {"messages": self.messages} if self.kind == "chat" else {"prompt": self.prompt}
-        if self.seed is not None:
-            fields["seed"] = self.seed
         return {"model": model, "max_tokens": self.max_tokens, "temperature": self.temperature, **fields}
 
 
