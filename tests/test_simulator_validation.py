@@ -55,3 +55,25 @@ def test_the_fit_finds_the_step_time_factors_a_run_was_timed_with():
     assert abs(fit.const - 1) > 0.2
     _, finish = simulated(run, setup, fit, 2, 16)
     assert np.median(np.abs(finish - run.finish) / (run.finish - arrival)) < 0.05
+
+
+def test_the_same_workload_comparison_replays_a_run_both_ways():
+    """A burst of 4x the slots with exact predictions: shortest-first must beat arrival order on
+    that very workload, and a run of ray_default itself is no comparison."""
+    import numpy as np
+
+    from benchmarks.simulator.setup import SINGLE_POOL, load_setup
+    from benchmarks.simulator.validation import Fit, Run, same_workload
+    from scheduling.request import Prediction, Request
+
+    setup, rng, n = load_setup(), np.random.default_rng(1), 128
+    output = rng.choice([20, 1000], n)
+    requests = [Request(f"r{i}", "early_work", arrival=0.0, prompt_tokens=50, max_tokens=1024,
+                        prediction=Prediction("early", float(out), {}, SINGLE_POOL, {})) for i, out in enumerate(output)]
+    run = Run("burst/early_work/r0", "online", "early_work", "least_inflight", requests, output,
+              np.zeros(n), np.zeros(n), np.zeros(n), [])
+    blind = Run("burst/ray_default/r0", "online", "ray_default", "least_inflight", requests, output,
+                np.zeros(n), np.zeros(n), np.zeros(n), [])
+    changes = same_workload({run.name: run, blind.name: blind}, setup, Fit())
+    assert list(changes) == ["burst/early_work"] and len(changes["burst/early_work"]) == 1
+    assert changes["burst/early_work"][0] < -0.1
