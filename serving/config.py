@@ -321,6 +321,11 @@ class StackConfig(_Strict):
             raise ValueError("predictor.checkpoint: online needs predictor.online (the learner)")
         if POLICIES[router.policy].head and self.predictor is None:
             raise ValueError(f"policy {router.policy!r} needs the predictor; it is disabled (predictor: null)")
+        if self.predictor is not None and self.predictor.online is not None and not self.predictor.cold:
+            layer = read_meta(self.predictor.checkpoint_path(router.policy)).feature_layer
+            if layer != -1:  # the learner fits heads on final-layer features (predictor.online.refit)
+                raise ValueError(f"predictor.online learns final-layer heads; policy {router.policy!r} reads a head "
+                                 f"on layer {layer}: use a final-layer policy (e.g. last_work) to learn online")
         if POLICIES[router.policy].told_length and not router.benchmark_headers:
             raise ValueError(f"policy {router.policy!r} reads X-True-Output-Tokens: set router.benchmark_headers: true")
         for field in ("output_edges", "input_edges"):

@@ -127,3 +127,15 @@ def test_the_plan_and_the_scheduler_come_from_the_config():
     assert scheduler.ranking.prior_tokens == plan.prior_tokens
     assert {name: q.slots for name, q in scheduler.queues.items()} == dict.fromkeys(("short", "medium", "long"), None)
     assert scheduler.queues["short"].order.max_overtake_s == 300
+
+
+def test_an_early_exit_head_cannot_learn_online():
+    """The learner fits final-layer heads; serving its head to a layer-4 estimator would fail at
+    every swap, so the combination is refused when the config loads."""
+    args = _default_args()
+    args["router"] = {**args.get("router", {}), "policy": "early_work"}
+    assert StackConfig.model_validate(args).predictor.heads("early_work", False) == {
+        "early": DEFAULT_CHECKPOINTS / "early4_ens5" / "head"}
+    args["predictor"] = {**args["predictor"], "online": {}}
+    with pytest.raises(ValueError, match="final-layer"):
+        StackConfig.model_validate(args)
