@@ -137,7 +137,7 @@ class PredictorSpec(_Strict):
     extra_heads: list[str] | None = Field(
         None, description="heads served beside the policy's from the same prefill (they must read the same "
         "layer), for runs that compare policies; each adds the features it reads (ESTP's entropy and "
-        "attention cost 1.4x the last token's prefill) to every prediction. null: none, or with "
+        "attention cost 1.55x the last token's prefill) to every prediction. null: none, or with "
         "router.benchmark_headers every head",
     )
 

@@ -10,7 +10,8 @@
            resumable
   lean     the same burst, ray_default against last_work, with the lean predictor
   early    the same burst, ray_default against early_work: the last token's head at layer 4 of 30
-           (the prefill stops there), on a stack serving that head alone
+           (the prefill stops there), on a stack serving that head alone (--trace sharegpt: the
+           ShareGPT burst)
   stock    the same burst on Ray Serve LLM's own OpenAI app with the same engines (its own process:
            one Ray driver per cluster)
   sharegpt the same with 128 held-out ShareGPT prompts: ray_default against last_work
@@ -144,6 +145,16 @@ def _stock(args, name: str, trace) -> None:
         ray.shutdown()
 
 
+def _sharegpt_burst():
+    """128 held-out ShareGPT first turns, at once."""
+    from transformers import AutoTokenizer
+
+    from benchmarks.continuous import bursts, real
+    from predictor.model_files import resolve_model_source
+
+    return real.held_out_chat(AutoTokenizer.from_pretrained(resolve_model_source("embedded")), n=bursts.BURST)
+
+
 def _write_runs(args) -> dict:
     """continuous.json's `bursts` from the runs on disk."""
     from benchmarks.continuous import bursts
@@ -171,6 +182,7 @@ def _write_runs(args) -> dict:
     real = table("dataset_burst", (*bursts.DATASET_POLICIES, bursts.HEAD_TOLD, bursts.STOCK), False)
     lean = table(bursts.LEAN, bursts.LEAN_POLICIES, False)
     early = table(bursts.EARLY, bursts.EARLY_POLICIES, False)
+    sharegpt_early = table(bursts.EARLY_SHAREGPT, bursts.EARLY_POLICIES, True)
     sharegpt = table("sharegpt_burst", ("ray_default", "last_work"), True)
     current = parts_file.load(args.out, "continuous")
     loads = {name.removeprefix("load_"): table(name, ("ray_default", "last_work", "estp_work"), False)
@@ -179,6 +191,7 @@ def _write_runs(args) -> dict:
     return _update(args.out, bursts={**current.get("bursts", {}), **({"real": real} if real else {}),
                                      **({"real_lean": lean} if lean else {}),
                                      **({"real_early": early} if early else {}),
+                                     **({"sharegpt_early": sharegpt_early} if sharegpt_early else {}),
                                      **({"sharegpt": sharegpt} if sharegpt else {})},
                    **({"real": loads} if loads else {}))
 
@@ -206,6 +219,7 @@ def main(argv=None) -> None:
                    help="router policies, or last_told: last_work's order with its offline predictions told up front")
     ln = sub.add_parser("lean", help="the dataset burst, ray_default against last_work, with the lean predictor")
     ea = sub.add_parser("early", help="the dataset burst, ray_default against early_work (the layer-4 head)")
+    ea.add_argument("--trace", choices=["dataset", "sharegpt"], default="dataset")
     k = sub.add_parser("stock")
     g = sub.add_parser("sharegpt")
     g.add_argument("--policies", nargs="+", default=["ray_default", "last_work"])
@@ -248,7 +262,10 @@ def main(argv=None) -> None:
     if args.command == "early":
         from benchmarks.continuous import bursts
 
-        _runs(args, bursts.EARLY, bursts.dataset_burst(), list(bursts.EARLY_POLICIES))
+        if args.trace == "dataset":
+            _runs(args, bursts.EARLY, bursts.dataset_burst(), list(bursts.EARLY_POLICIES))
+        else:
+            _runs(args, bursts.EARLY_SHAREGPT, _sharegpt_burst(), list(bursts.EARLY_POLICIES))
         _write_runs(args)
         return
     if args.command == "stock":
@@ -258,13 +275,7 @@ def main(argv=None) -> None:
         _write_runs(args)
         return
     if args.command == "sharegpt":
-        from transformers import AutoTokenizer
-
-        from benchmarks.continuous import bursts, real
-        from predictor.model_files import resolve_model_source
-
-        trace = real.held_out_chat(AutoTokenizer.from_pretrained(resolve_model_source("embedded")), n=bursts.BURST)
-        _runs(args, "sharegpt_burst", trace, args.policies)
+        _runs(args, "sharegpt_burst", _sharegpt_burst(), args.policies)
         _write_runs(args)
         return
     if args.command == "load":

@@ -45,8 +45,9 @@ LEAN = "dataset_burst_lean"
 LEAN_POLICIES = ("ray_default", "last_work")
 # The same burst, ray_default against early_work: the last token's head at layer 4 of 30, whose
 # prefill stops there, on a stack that serves that head alone (the runs above served every head:
-# ESTP's entropy and attention made each prediction 1.4x as costly as the last token's alone).
+# ESTP's entropy and attention made each prediction 1.55x as costly as the last token's alone).
 EARLY = "dataset_burst_early"
+EARLY_SHAREGPT = "sharegpt_burst_early"  # the ShareGPT burst, the same two policies
 EARLY_POLICIES = ("ray_default", "early_work")
 TOLD_AS = {HEAD_TOLD: "ceiling"}  # a run label -> the router policy it runs as
 

@@ -213,12 +213,12 @@ def _verdict_lines(block: dict, policy: str = "last_work") -> list[str]:
         f"{name}: {'held' if ok else 'MISSED'}" for name, ok in verdict["checks"].items()) + "."]
 
 
-def _rerun_lines(title: str, block: dict | None, policy: str, intro: str) -> list[str]:
-    """A rerun of the dataset burst: ray_default against one policy, with its table and targets."""
+def _rerun_lines(title: str, block: dict | None, policy: str, intro: str, targets: bool = True) -> list[str]:
+    """A rerun of a burst: ray_default against one policy, with its table (and the dataset burst's targets)."""
     if not block:
         return []
     return ([f"## {title}", "", f"{intro} {len(block['repeats'])} repeats; failed or lost: {block['lost_requests']}.", ""]
-            + _burst_table(block) + _changes(block) + _verdict_lines(block, policy) + [""])
+            + _burst_table(block) + _changes(block) + (_verdict_lines(block, policy) if targets else []) + [""])
 
 
 def _bursts_lines(bursts: dict) -> list[str]:
@@ -254,7 +254,11 @@ def _bursts_lines(bursts: dict) -> list[str]:
         "layer 4 of the model's 30, so the predictor's prefill stops there (a seventh of its cost, "
         "predictor_levers.md), on a stack that serves that head alone. The runs above served every head at once "
         "(benchmark stacks did, so that a request could name any policy), and ESTP's entropy and attention made "
-        "each of their predictions 1.4x as costly as the last token's alone.")
+        "each of their predictions 1.55x as costly as the last token's alone.")
+    lines += _rerun_lines(
+        "The ShareGPT burst with the early-exit head", bursts.get("sharegpt_early"), "early_work",
+        "128 held-out ShareGPT first turns at once, ray_default against early_work back to back on a stack serving "
+        "the early head alone; the short third is the shortest third of what each run generated.", targets=False)
     simulated = bursts.get("simulated")
     if simulated:
         st = bursts.get("simulated_settings", {})
