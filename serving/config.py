@@ -138,7 +138,7 @@ class PredictorSpec(_Strict):
         None, description="heads served beside the policy's from the same prefill (they must read the same "
         "layer), for runs that compare policies; each adds the features it reads (ESTP's entropy and "
         "attention cost 1.55x the last token's prefill) to every prediction. null: none, or with "
-        "router.benchmark_headers every head",
+        "router.benchmark_headers every head that reads the policy head's layer",
     )
 
     @field_validator("extra_heads")
@@ -167,7 +167,8 @@ class PredictorSpec(_Strict):
 
     def heads(self, policy: str, benchmark_headers: bool) -> dict[str, Path]:
         """Head checkpoints by name; the configured policy's head comes first, then `extra_heads`
-        (with benchmark headers and no list: every head, for whatever policy a request names)."""
+        (with benchmark headers and no list: every head of the first's layer, for whatever policy a
+        request names)."""
         first = head_of(policy) or DEFAULT_HEAD
         heads = {} if self.cold else {first: self.checkpoint_path(policy)}
         if self.extra_heads is not None:
