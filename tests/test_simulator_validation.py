@@ -63,7 +63,7 @@ def test_the_same_workload_comparison_replays_a_run_both_ways():
     import numpy as np
 
     from benchmarks.simulator.setup import SINGLE_POOL, load_setup
-    from benchmarks.simulator.validation import Fit, Run, same_workload
+    from benchmarks.simulator.validation import Fit, Run, metrics, same_workload, simulated
     from scheduling.request import Prediction, Request
 
     setup, rng, n = load_setup(), np.random.default_rng(1), 128
@@ -74,6 +74,8 @@ def test_the_same_workload_comparison_replays_a_run_both_ways():
               np.zeros(n), np.zeros(n), np.zeros(n), [])
     blind = Run("burst/ray_default/r0", "online", "ray_default", "least_inflight", requests, output,
                 np.zeros(n), np.zeros(n), np.zeros(n), [])
-    changes = same_workload({run.name: run, blind.name: blind}, setup, Fit())
+    runs = {run.name: run, blind.name: blind}
+    as_run = {run.name: {"simulated": metrics(run.arrival, *simulated(run, setup, Fit(), 2, 16), output)}}
+    changes = same_workload(runs, as_run, setup, Fit())
     assert list(changes) == ["burst/early_work"] and len(changes["burst/early_work"]) == 1
     assert changes["burst/early_work"][0] < -0.1

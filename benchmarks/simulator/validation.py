@@ -197,20 +197,22 @@ def measured_delays(records: list[list[RunRecord]]) -> tuple[float, float]:
     return float(np.median(into)) if into else 0.0, float(np.median(out)) if out else 0.0
 
 
-def same_workload(runs: dict[str, Run], setup: Setup, fit: Fit, baseline: str = "ray_default") -> dict[str, list[float]]:
+def same_workload(runs: dict[str, Run], compared: dict[str, dict], setup: Setup, fit: Fit,
+                  baseline: str = "ray_default") -> dict[str, list[float]]:
     """Per "<workload>/<policy>": the policy's mean-JCT change against the baseline on each of its
     runs' own realized workload, that run (its lengths, predictions, predictor time) simulated
     both ways. Unseeded runs of one trace generate different lengths (the dataset burst 56k to
     68k tokens), which moves the mean JCT as much as the order does; vLLM's CPU engines cannot seed
-    a request, so only the simulator can pair two policies on one workload."""
+    a request, so only the simulator can pair two policies on one workload. `compared` (compare's
+    results) has each run as it ran; only the baseline's replay is simulated here."""
     out: dict[str, list[float]] = defaultdict(list)
     for name, run in runs.items():
         if run.kind != "online" or run.policy == baseline or run.choice != "least_inflight":
             continue
         blind = replace(run, policy=baseline, predictor_busy=[],
                         requests=[replace(r, policy=baseline, prediction=None) for r in run.requests])
-        jct = [metrics(run.arrival, *simulated(r, setup, fit, 2, 16), run.output)["mean_jct_s"] for r in (run, blind)]
-        out[name.rsplit("/", 1)[0]].append(jct[0] / jct[1] - 1)
+        as_blind = metrics(run.arrival, *simulated(blind, setup, fit, 2, 16), run.output)["mean_jct_s"]
+        out[name.rsplit("/", 1)[0]].append(compared[name]["simulated"]["mean_jct_s"] / as_blind - 1)
     return dict(out)
 
 
@@ -356,7 +358,7 @@ def validate(setup: Setup, runs: dict[str, Run], fit_names: list[str], records: 
         real[workload_policy].append(compared[name]["real"])
         sim[workload_policy].append(compared[name]["simulated"])
     agreement = sign_agreement(real, sim)
-    paired = same_workload(runs, setup, fit)
+    paired = same_workload(runs, compared, setup, fit)
     for row in agreement["rows"]:
         row["same_workload_changes"] = paired.get(f"{row['workload']}/{row['policy']}", [])
     return summary_json(fit, fit_names, held_out, compared, agreement, noise_floor(real))
