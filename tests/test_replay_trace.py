@@ -99,27 +99,3 @@ def test_a_run_stack_serves_only_the_heads_its_policies_read(tmp_path):
     assert both["router"]["policy"] == "last_work" and both["predictor"]["extra_heads"] == ["estp"]
     blind = stack_overrides(["ray_default", "ceiling"], log)
     assert "policy" not in blind["router"] and blind["predictor"]["extra_heads"] == []
-
-
-def _request(request_id: str, true_tokens: int):
-    from benchmarks.replay.trace import TraceRequest
-
-    return TraceRequest(request_id=request_id, arrival_s=0.0, prompt_id=f"p{request_id}", scenario="chat",
-                        messages=[{"role": "user", "content": "hi"}], max_tokens=1024,
-                        true_output_tokens=true_tokens, prompt_tokens=9)
-
-
-def test_a_greedy_burst_tells_the_lengths_its_first_run_generated(tmp_path):
-    from benchmarks.continuous.bursts import greedy, told_generated
-    from benchmarks.replay.runs import RunRecord, run_path
-
-    trace = greedy([_request("r00000", 300), _request("r00001", 40)])
-    assert [r.temperature for r in trace] == [0.0, 0.0]
-    records = [RunRecord(run="g/ray_default/r0", request_id=f"g/ray_default/r0:{r.request_id}", policy="ray_default",
-                         mode="open", arrival_s=0.0, scenario="chat", status="ok", completion_tokens=n, prompt_tokens=9,
-                         true_output_tokens=r.true_output_tokens)
-               for r, n in zip(trace, (17, 512))]
-    run_path("g/ray_default/r0", tmp_path).write_text("".join(r.model_dump_json() + "\n" for r in records))
-    assert [r.true_output_tokens for r in told_generated(trace, "g/ray_default/r0", tmp_path)] == [17, 512]
-    with pytest.raises(ValueError, match="no answer for 1"):
-        told_generated([*trace, _request("r00002", 5)], "g/ray_default/r0", tmp_path)

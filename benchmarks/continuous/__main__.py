@@ -183,7 +183,7 @@ def _write_runs(args) -> dict:
     lean = table(bursts.LEAN, bursts.LEAN_POLICIES, False)
     early = table(bursts.EARLY, bursts.EARLY_POLICIES, False)
     sharegpt_early = table(bursts.EARLY_SHAREGPT, bursts.EARLY_POLICIES, True)
-    greedy = table(bursts.EARLY_GREEDY, bursts.GREEDY_POLICIES, True)
+    greedy = table(bursts.EARLY_GREEDY, bursts.EARLY_POLICIES, True)
     sharegpt = table("sharegpt_burst", ("ray_default", "last_work"), True)
     current = parts_file.load(args.out, "continuous")
     loads = {name.removeprefix("load_"): table(name, ("ray_default", "last_work", "estp_work"), False)
@@ -222,8 +222,6 @@ def main(argv=None) -> None:
     ln = sub.add_parser("lean", help="the dataset burst, ray_default against last_work, with the lean predictor")
     ea = sub.add_parser("early", help="the dataset burst, ray_default against early_work (the layer-4 head)")
     ea.add_argument("--trace", choices=["dataset", "sharegpt", "greedy"], default="dataset")
-    ea.add_argument("--oracle", action="store_true",
-                    help="greedy trace: oracle_work too, told the lengths ray_default's first run generated")
     k = sub.add_parser("stock")
     g = sub.add_parser("sharegpt")
     g.add_argument("--policies", nargs="+", default=["ray_default", "last_work"])
@@ -269,11 +267,7 @@ def main(argv=None) -> None:
         if args.trace == "dataset":
             _runs(args, bursts.EARLY, bursts.dataset_burst(), list(bursts.EARLY_POLICIES))
         elif args.trace == "greedy":
-            trace = bursts.greedy(bursts.dataset_burst())
-            _runs(args, bursts.EARLY_GREEDY, trace, list(bursts.EARLY_POLICIES))
-            if args.oracle:
-                told = bursts.told_generated(trace, f"{bursts.EARLY_GREEDY}/ray_default/r0")
-                _runs(args, bursts.EARLY_GREEDY, told, ["oracle_work"])
+            _runs(args, bursts.EARLY_GREEDY, bursts.greedy(bursts.dataset_burst()), list(bursts.EARLY_POLICIES))
         else:
             _runs(args, bursts.EARLY_SHAREGPT, _sharegpt_burst(), list(bursts.EARLY_POLICIES))
         _write_runs(args)

@@ -55,9 +55,6 @@ EARLY_POLICIES = ("ray_default", "early_work")
 # as the CPU engine's batch-dependent arithmetic allows), so the two policies serve one workload:
 # the pairing a per-request seed would give, which vLLM's CPU engines cannot do.
 EARLY_GREEDY = "dataset_burst_greedy"
-# With every answer fixed, the first ray_default run's lengths are the true ones of every later run:
-# oracle_work told them is the true-length limit on the same workload.
-GREEDY_POLICIES = (*EARLY_POLICIES, "oracle_work")
 TOLD_AS = {HEAD_TOLD: "ceiling"}  # a run label -> the router policy it runs as
 
 
@@ -83,15 +80,6 @@ def greedy(trace: list[TraceRequest]) -> list[TraceRequest]:
     """The same requests at temperature 0 (their dataset lengths no longer apply: reports rank the
     short third by what each run generated)."""
     return [r.model_copy(update={"temperature": 0.0}) for r in trace]
-
-
-def told_generated(trace: list[TraceRequest], run: str, out: Path = RUNS) -> list[TraceRequest]:
-    """The trace with each request's length as `run` generated it, for the policies told a length
-    (a greedy trace generates the same answers again)."""
-    generated = {r.request_id.rsplit(":", 1)[1]: r.completion_tokens for r in read_run(run, out) if r.status == "ok"}
-    if missing := [r.request_id for r in trace if r.request_id not in generated]:
-        raise ValueError(f"{run} generated no answer for {len(missing)} requests (first {missing[0]}): nothing to tell")
-    return [r.model_copy(update={"true_output_tokens": generated[r.request_id]}) for r in trace]
 
 
 def told_head(trace: list[TraceRequest], head: str = "last") -> list[TraceRequest]:

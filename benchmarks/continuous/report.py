@@ -259,13 +259,6 @@ def _bursts_lines(bursts: dict) -> list[str]:
         "The ShareGPT burst with the early-exit head", bursts.get("sharegpt_early"), "early_work",
         "128 held-out ShareGPT first turns at once, ray_default against early_work back to back on a stack serving "
         "the early head alone; the short third is the shortest third of what each run generated.", targets=False)
-    lines += _rerun_lines(
-        "The same burst at temperature 0: one workload for both policies", bursts.get("real_greedy"), "early_work",
-        "The dataset burst with the early-exit head again, every request greedy: each prompt's answer is then the "
-        "same in both policies' runs (as far as the CPU engine's batch-dependent arithmetic allows), so their "
-        "difference is the order's alone, where at temperature 0.7 one trace generated 56k-68k tokens run to run. "
-        "The dataset's lengths are of sampled answers: the short third is the shortest third of what each run "
-        "generated, and the head (trained on sampled lengths) ranks greedy answers it was not trained on.")
     simulated = bursts.get("simulated")
     if simulated:
         st = bursts.get("simulated_settings", {})
