@@ -11,7 +11,7 @@
   lean     the same burst, ray_default against last_work, with the lean predictor
   early    the same burst, ray_default against early_work: the last token's head at layer 4 of 30
            (the prefill stops there), on a stack serving that head alone (--trace sharegpt: the
-           ShareGPT burst; --trace greedy: the dataset burst at temperature 0, one workload for both)
+           ShareGPT burst)
   stock    the same burst on Ray Serve LLM's own OpenAI app with the same engines (its own process:
            one Ray driver per cluster)
   sharegpt the same with 128 held-out ShareGPT prompts: ray_default against last_work
@@ -183,7 +183,6 @@ def _write_runs(args) -> dict:
     lean = table(bursts.LEAN, bursts.LEAN_POLICIES, False)
     early = table(bursts.EARLY, bursts.EARLY_POLICIES, False)
     sharegpt_early = table(bursts.EARLY_SHAREGPT, bursts.EARLY_POLICIES, True)
-    greedy = table(bursts.EARLY_GREEDY, bursts.EARLY_POLICIES, True)
     sharegpt = table("sharegpt_burst", ("ray_default", "last_work"), True)
     current = parts_file.load(args.out, "continuous")
     loads = {name.removeprefix("load_"): table(name, ("ray_default", "last_work", "estp_work"), False)
@@ -193,7 +192,6 @@ def _write_runs(args) -> dict:
                                      **({"real_lean": lean} if lean else {}),
                                      **({"real_early": early} if early else {}),
                                      **({"sharegpt_early": sharegpt_early} if sharegpt_early else {}),
-                                     **({"real_greedy": greedy} if greedy else {}),
                                      **({"sharegpt": sharegpt} if sharegpt else {})},
                    **({"real": loads} if loads else {}))
 
@@ -221,7 +219,7 @@ def main(argv=None) -> None:
                    help="router policies, or last_told: last_work's order with its offline predictions told up front")
     ln = sub.add_parser("lean", help="the dataset burst, ray_default against last_work, with the lean predictor")
     ea = sub.add_parser("early", help="the dataset burst, ray_default against early_work (the layer-4 head)")
-    ea.add_argument("--trace", choices=["dataset", "sharegpt", "greedy"], default="dataset")
+    ea.add_argument("--trace", choices=["dataset", "sharegpt"], default="dataset")
     k = sub.add_parser("stock")
     g = sub.add_parser("sharegpt")
     g.add_argument("--policies", nargs="+", default=["ray_default", "last_work"])
@@ -266,8 +264,6 @@ def main(argv=None) -> None:
 
         if args.trace == "dataset":
             _runs(args, bursts.EARLY, bursts.dataset_burst(), list(bursts.EARLY_POLICIES))
-        elif args.trace == "greedy":
-            _runs(args, bursts.EARLY_GREEDY, bursts.greedy(bursts.dataset_burst()), list(bursts.EARLY_POLICIES))
         else:
             _runs(args, bursts.EARLY_SHAREGPT, _sharegpt_burst(), list(bursts.EARLY_POLICIES))
         _write_runs(args)

@@ -12,7 +12,7 @@ a slow spell of the machine hits them alike.
   samples) and `oracle_work` (the dataset's own length of the sample) beside `ray_default` and
   `last_work`;
 - the dataset burst again with the lean predictor (`last_work`), and with the early-exit head
-  (`early_work`), also at temperature 0 (each prompt's answer the same in both policies' runs);
+  (`early_work`);
 - Ray Serve LLM's own OpenAI app (`build_openai_app`) on the same burst, with the same two engines
   and settings, behind Ray's default router: what a user would pick instead;
 - ShareGPT burst: 128 of the developers' ShareGPT first turns the dataset never used;
@@ -49,12 +49,6 @@ LEAN_POLICIES = ("ray_default", "last_work")
 EARLY = "dataset_burst_early"
 EARLY_SHAREGPT = "sharegpt_burst_early"  # the ShareGPT burst, the same two policies
 EARLY_POLICIES = ("ray_default", "early_work")
-# The dataset burst at temperature 0, the same two policies. At the dataset's temperature every
-# generation is a fresh draw: one trace generated 56k-68k tokens run to run, which moves mean JCT
-# as much as the order does. Greedy decoding gives each prompt the same answer in every run (as far
-# as the CPU engine's batch-dependent arithmetic allows), so the two policies serve one workload:
-# the pairing a per-request seed would give, which vLLM's CPU engines cannot do.
-EARLY_GREEDY = "dataset_burst_greedy"
 TOLD_AS = {HEAD_TOLD: "ceiling"}  # a run label -> the router policy it runs as
 
 
@@ -74,12 +68,6 @@ def dataset_burst(n: int = BURST, seed: int = 0) -> list[TraceRequest]:
     trace = build_trace(split=("val", "test"), n=n, arrival="poisson", rate=1.0, seed=seed,
                         max_tokens=BURST_MAX_TOKENS)
     return [r.model_copy(update={"arrival_s": 0.0}) for r in trace]
-
-
-def greedy(trace: list[TraceRequest]) -> list[TraceRequest]:
-    """The same requests at temperature 0 (their dataset lengths no longer apply: reports rank the
-    short third by what each run generated)."""
-    return [r.model_copy(update={"temperature": 0.0}) for r in trace]
 
 
 def told_head(trace: list[TraceRequest], head: str = "last") -> list[TraceRequest]:
