@@ -61,3 +61,14 @@ def test_batch_replay_pins_planned_groups_and_oracle_routes_by_true_length(stack
     for lane in by_pool.values():
         for before, after in zip(lane, lane[1:]):
             assert max(m.finish_s for m in before) <= min(m.sent_s for m in after)
+
+
+def test_the_speed_probe_gets_answers_of_exactly_its_length_through_the_stack(stack, actors):
+    import time
+
+    from benchmarks.replay.actors import START_LEAD_S
+    from benchmarks.replay.probe import PROBE_TOKENS, probe_trace, step_seconds
+
+    records = replay(stack.base_url, probe_trace("e2e"), actors=actors, timeout_s=300, t0=time.time() + START_LEAD_S)
+    assert [r.completion_tokens for r in records] == [PROBE_TOKENS] * len(records), [r.error for r in records]
+    assert 0 < step_seconds(records) < 5

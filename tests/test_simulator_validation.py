@@ -79,3 +79,29 @@ def test_the_same_workload_comparison_replays_a_run_both_ways():
     changes = same_workload(runs, as_run, setup, Fit())
     assert list(changes) == ["burst/early_work"] and len(changes["burst/early_work"]) == 1
     assert changes["burst/early_work"][0] < -0.1
+
+
+def test_a_run_probed_slower_than_the_fit_runs_is_timed_that_much_slower():
+    """Sessions get machines 2-3x apart: a run's probed step time scales the model against the fit
+    runs' mean probe; an unprobed run keeps the fit's speed."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from benchmarks.simulator.setup import load_setup
+    from benchmarks.simulator.validation import Fit, Run, fit_scales, simulated
+    from scheduling.request import Request
+
+    setup = load_setup()
+    requests = [Request("r0", "ray_default", arrival=0.0, prompt_tokens=50, max_tokens=1024)]
+    run = Run("probe/ray_default/r0", "online", "ray_default", "least_inflight", requests, np.array([200]),
+              np.zeros(1), np.zeros(1), np.zeros(1), [])
+    fit = Fit(reference_step_s=0.1)
+    first, finish = simulated(run, setup, fit, 2, 16)
+    slow_first, slow_finish = simulated(replace(run, step_s=0.2), setup, fit, 2, 16)
+    assert (slow_finish - slow_first)[0] == pytest.approx(2 * (finish - first)[0], rel=1e-6)
+    assert simulated(replace(run, step_s=0.2), setup, Fit(), 2, 16)[1][0] == pytest.approx(finish[0])  # no reference
+    run.first_token, run.finish = first, finish
+    probed = fit_scales([replace(run, step_s=0.3), replace(run, step_s=0.1), run], setup, (0.0, 0.0))
+    assert probed.reference_step_s == pytest.approx(0.2)
+    assert fit_scales([run], setup, (0.0, 0.0)).reference_step_s is None

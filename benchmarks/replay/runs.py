@@ -5,8 +5,9 @@ The client's records say when each request was sent, got its first token and end
 request log (serving.request_log, `router.request_log` set on the stack) says when it was decided,
 waited, dispatched, on which replica, with what rank, and when its prediction landed. Joined by
 the id the client sends (X-Request-Id), one `RunRecord` per request, all on the run's clock
-(seconds from its start), written to `benchmarks/results/runs/<run>.jsonl`. These records are
-what the simulator replays (benchmarks.simulator.validation), and a run whose file exists is
+(seconds from its start), written to `benchmarks/results/runs/<run>.jsonl`, and beside them the
+machine's speed measured just before the run (`<run>.probe.json`, benchmarks.replay.probe). These
+records are what the simulator replays (benchmarks.simulator.validation), and a run whose file exists is
 not run again (resumable).
 """
 
@@ -22,6 +23,7 @@ from pydantic import BaseModel
 
 from benchmarks.replay.actors import START_LEAD_S, replay
 from benchmarks.replay.metrics import summarise
+from benchmarks.replay.probe import measure, probe_path
 from benchmarks.replay.records import RequestRecord
 from benchmarks.replay.trace import TraceRequest
 
@@ -97,6 +99,9 @@ def execute(run: str, base_url: str, actors: list, trace: list[TraceRequest], po
             router_log: Path | None, timeout_s: float = 3600, out: Path = RUNS,
             label: str | None = None) -> list[RunRecord]:
     """Replay `trace` open-loop (a burst: every arrival 0) and write the run's joined records."""
+    path = run_path(run, out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    probe_path(path).write_text(json.dumps(measure(base_url, actors, run, START_LEAD_S)) + "\n")
     trace = [r.model_copy(update={"request_id": f"{run}:{r.request_id}"}) for r in trace]  # unique per run
     seen = _log_lines(router_log)
     t0 = time.time() + START_LEAD_S
@@ -105,8 +110,6 @@ def execute(run: str, base_url: str, actors: list, trace: list[TraceRequest], po
     time.sleep(1.0)  # the router writes its last records as the streams close
     log = _log_lines(router_log)[len(seen):] if router_log is not None else []
     joined = join(run, trace, records, [json.loads(line) for line in log], t0)
-    path = run_path(run, out)
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(r.model_dump_json() + "\n" for r in joined))
     return joined
 

@@ -43,6 +43,7 @@ class TraceRequest(BaseModel):
     prompt: str | None = None  # kind "completions"
     max_tokens: int
     temperature: float = 0.7
+    min_tokens: int | None = None  # vLLM's min_tokens: an answer of a fixed length (the speed probe)
     true_output_tokens: int  # what the serving model produced for this prompt in the dataset
     prompt_tokens: int  # with the chat template, as the engine sees it
     # The median length of the prompt's *other* samples (capped like the true length), or None
@@ -56,6 +57,8 @@ class TraceRequest(BaseModel):
 
     def body(self, model: str) -> dict:
         fields = {"messages": self.messages} if self.kind == "chat" else {"prompt": self.prompt}
+        if self.min_tokens is not None:  # not an OpenAI parameter: the openai client sends it as extra body
+            fields["extra_body"] = {"min_tokens": self.min_tokens}
         return {"model": model, "max_tokens": self.max_tokens, "temperature": self.temperature, **fields}
 
 

@@ -15,7 +15,10 @@ in-process, scaled by what the deployed serving path adds, fitted on some runs:
 - `predictor`: how much longer the engines' steps take while the predictor prefills on the same
   cores (when it did is each run's record: from a request reaching the router to its prediction
   landing). Set, not fitted: three busy threads on two cores make it 1.5. Fitted on the one fit
-  run that has the predictor it came out 2.43 and doubled the held-out runs' last_work loss.
+  run that has the predictor it came out 2.43 and doubled the held-out runs' last_work loss;
+- the machine: sessions get machines up to 2-3x apart in speed. A run probed before it started
+  (benchmarks.replay.probe) is timed at its probed step time against the fit runs' mean probe;
+  runs made before runs were probed, and every run while no fit run was probed, are not scaled.
 Prefix-cache hits are the engine model's (a rollout's samples share their prompt).
 
 Runs are split into fit runs and held-out runs; the errors reported (per request: JCT, TTFT and
@@ -53,10 +56,16 @@ class Fit:
     delay_in_s: float = 0.0
     delay_out_s: float = 0.0
     predictor: float = 1.0
+    # The fit runs' mean probed step time (benchmarks.replay.probe): a run probed slower than it is
+    # timed that much slower. None: no fit run was probed, and no run is scaled.
+    reference_step_s: float | None = None
 
-    def model(self, base: StepTimeModel) -> StepTimeModel:
-        return StepTimeModel(const=base.const * self.const, decode_seqs=base.decode_seqs * self.decode,
-                             prefill_tokens=base.prefill_tokens * self.prefill, kv_tokens=base.kv_tokens * self.decode)
+    def model(self, base: StepTimeModel, step_s: float | None = None) -> StepTimeModel:
+        """The calibrated model with the fitted factors, on a run's machine when it was probed."""
+        speed = step_s / self.reference_step_s if step_s and self.reference_step_s else 1.0
+        return StepTimeModel(const=base.const * self.const * speed, decode_seqs=base.decode_seqs * self.decode * speed,
+                             prefill_tokens=base.prefill_tokens * self.prefill * speed,
+                             kv_tokens=base.kv_tokens * self.decode * speed)
 
 
 @dataclass
@@ -73,6 +82,7 @@ class Run:
     first_token: np.ndarray  # client clock
     finish: np.ndarray
     predictor_busy: list[tuple[float, float]]  # client clock: when the predictor was prefilling
+    step_s: float | None = None  # the machine's probed step time before the run (None: not probed)
 
     def workload(self, delay_in_s: float) -> Workload:
         """Fresh records (a simulation fills them), reaching the router `delay_in_s` after they were sent."""
@@ -125,7 +135,7 @@ def simulated(run: Run, setup: Setup, fit: Fit, replicas: int, per_replica: int)
     """(first token, finish) per request on the client's clock, as the simulator has them."""
     spec = ClusterSpec(pools=[SINGLE_POOL], replicas={SINGLE_POOL: replicas}, max_ongoing_requests=per_replica,
                        replica_choice=run.choice, predictor_busy=run.predictor_busy, predictor_slowdown=fit.predictor)
-    model = fit.model(setup.model)
+    model = fit.model(setup.model, run.step_s)
     workload = run.workload(fit.delay_in_s if run.kind == "online" else 0.0)
     if run.kind != "online":  # a rollout's times are the router's own, from the batch's start
         out = simulate_rollout(workload, run.kind, spec, setup.limits, model)
@@ -167,9 +177,12 @@ def fit_scales(runs: list[Run], setup: Setup, delays: tuple[float, float]) -> Fi
     (least squares on log JCT and log TTFT per request), the hops' delays measured."""
     from scipy.optimize import minimize
 
+    probed = [run.step_s for run in runs if run.step_s]
+    reference = float(np.mean(probed)) if probed else None
+
     def fitted(x: np.ndarray) -> Fit:
         const, decode, prefill = np.exp(x)
-        return Fit(const, decode, prefill, *delays, predictor=PREDICTOR_SLOWDOWN)
+        return Fit(const, decode, prefill, *delays, predictor=PREDICTOR_SLOWDOWN, reference_step_s=reference)
 
     def loss(x: np.ndarray) -> float:
         fit = fitted(x)
@@ -263,7 +276,10 @@ def markdown(result: dict) -> str:
              "model's. Fitted on the fit runs: step-time factors const x{const:.2f}, decode x{decode:.2f}, prefill "
              "x{prefill:.2f} on the single-engine calibration; x{predictor:.2f} while the predictor prefills on the "
              "engines' cores (set: three busy threads on two cores); measured hops {delay_in_s:.2f} s in, "
-             "{delay_out_s:.2f} s out.".format(**{"predictor": 1.0, **fit}), "",
+             "{delay_out_s:.2f} s out.".format(**{"predictor": 1.0, **fit}) + (
+                 f" Probed runs are timed at their machine's speed: their probed step time against the fit runs' "
+                 f"mean, {fit['reference_step_s']:.3f} s." if fit.get("reference_step_s") else
+                 " No fit run was probed (benchmarks.replay.probe): every run is timed at the fit's speed."), "",
              f"Fit runs: {', '.join(result['fit_runs'])}.", "",
              f"Held-out runs: {', '.join(result['held_out_runs'])}.", "",
              "## Aggregate error on the held-out runs (simulated / real - 1)", "",
@@ -325,13 +341,14 @@ def summary_json(fit: Fit, fit_runs: list[str], held_out: list[str], compared: d
 
 def load_runs(runs_dir: Path, rollout_records: Path) -> dict[str, Run]:
     """Every real run on disk: the bursts and loads (runs/*.jsonl) and the real rollouts."""
+    from benchmarks.replay.probe import read_step_s
     from benchmarks.replay.runs import read_run
     from benchmarks.rollout.real import SCHEDULES, rl_prompt_tokens
 
     runs = {}
     for path in sorted(runs_dir.glob("*.jsonl")):
         name = path.stem.replace("__", "/")
-        runs[name] = online_run(name, read_run(name, runs_dir))
+        runs[name] = replace(online_run(name, read_run(name, runs_dir)), step_s=read_step_s(path))
     if rollout_records.exists():
         batches = defaultdict(list)
         for line in rollout_records.read_text().splitlines():

@@ -1,0 +1,57 @@
+"""The machine's decode speed at a run's start, kept beside the run for the simulator.
+
+Sessions get machines whose speed differs by up to 2-3x (docs/benchmarks.md, the simulator), so
+step-time factors fitted on one session's runs mistime another's runs by more than any policy
+moves them. Before each run a fixed probe goes through the serving path as deployed (HTTP, the
+router, both engines): PROBE_REQUESTS requests at once, each made to answer exactly PROBE_TOKENS
+tokens, and the median time between a request's tokens is the run's step time. The simulator's
+validation scales its step-time model by a run's probe against the fit runs' probes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.replay.actors import replay
+from benchmarks.replay.records import RequestRecord
+from benchmarks.replay.trace import TraceRequest
+
+PROBE_REQUESTS = 16  # half the default stack's slots: nothing waits, nothing is predicted
+PROBE_TOKENS = 64
+PROBE_PROMPT = "Write a long story about a lighthouse keeper and the ships she watches."
+
+
+def probe_trace(run: str) -> list[TraceRequest]:
+    return [TraceRequest(request_id=f"{run}:probe{i:02d}", arrival_s=0.0, prompt_id="probe", scenario="probe",
+                         messages=[{"role": "user", "content": PROBE_PROMPT}], max_tokens=PROBE_TOKENS,
+                         min_tokens=PROBE_TOKENS, true_output_tokens=PROBE_TOKENS, prompt_tokens=0)
+            for i in range(PROBE_REQUESTS)]
+
+
+def step_seconds(records: list[RequestRecord]) -> float:
+    """The median time between two tokens of one request."""
+    gaps = [(r.finish_s - r.first_token_s) / (r.completion_tokens - 1) for r in records
+            if r.status == "ok" and r.completion_tokens and r.completion_tokens > 1]
+    if not gaps:
+        raise RuntimeError(f"the speed probe got no answer: {[r.error for r in records][:3]}")
+    return float(np.median(gaps))
+
+
+def measure(base_url: str, actors: list, run: str, start_lead_s: float) -> dict:
+    """The probe against a running stack (the router's own policy: nothing waits)."""
+    records = replay(base_url, probe_trace(run), actors=actors, timeout_s=600, t0=time.time() + start_lead_s)
+    return {"step_s": step_seconds(records), "requests": PROBE_REQUESTS, "tokens": PROBE_TOKENS}
+
+
+def probe_path(run_file: Path) -> Path:
+    return run_file.with_suffix(".probe.json")
+
+
+def read_step_s(run_file: Path) -> float | None:
+    """A run's probed step time; None for runs made before runs were probed."""
+    path = probe_path(run_file)
+    return json.loads(path.read_text())["step_s"] if path.exists() else None
