@@ -156,13 +156,13 @@ def _sharegpt_burst():
 
 
 def _write_runs(args) -> dict:
-    """continuous.json's `bursts` from the runs on disk."""
+    """continuous.json's `bursts` from every run on disk."""
     from benchmarks.continuous import bursts
     from benchmarks.replay.runs import read_run, run_path, summary
 
     def table(name: str, policies, observed: bool) -> dict | None:
         repeats = []
-        for k in range(args.repeats):
+        for k in range(bursts.repeats_on_disk(name)):
             rep = {}
             for p in policies:
                 if run_path(f"{name}/{p}/r{k}").exists():
@@ -187,7 +187,7 @@ def _write_runs(args) -> dict:
     current = parts_file.load(args.out, "continuous")
     loads = {name.removeprefix("load_"): table(name, ("ray_default", "last_work", "estp_work"), False)
              for name in bursts.run_names("load_")}
-    loads = {k: {**v, "capacity_rps": bursts.measured_capacity(args.repeats)} for k, v in loads.items() if v}
+    loads = {k: {**v, "capacity_rps": bursts.measured_capacity()} for k, v in loads.items() if v}
     return _update(args.out, bursts={**current.get("bursts", {}), **({"real": real} if real else {}),
                                      **({"real_lean": lean} if lean else {}),
                                      **({"real_early": early} if early else {}),
@@ -281,7 +281,7 @@ def main(argv=None) -> None:
     if args.command == "load":
         from benchmarks.continuous import bursts
 
-        capacity = bursts.measured_capacity(args.repeats)
+        capacity = bursts.measured_capacity()
         for share in args.shares:
             for process in args.arrivals:
                 trace = bursts.arrivals(bursts.dataset_burst(args.requests), process, share * capacity)

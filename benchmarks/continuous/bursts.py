@@ -95,12 +95,19 @@ def capacity_rps(records: list[RunRecord]) -> float:
     return (hi - lo) / (finishes[hi] - finishes[lo])
 
 
-def measured_capacity(repeats: int) -> float:
+def measured_capacity() -> float:
     """The default stack's capacity on the dataset's mix: the mean over the length-blind bursts run."""
-    runs = [f"dataset_burst/ray_default/r{k}" for k in range(repeats) if run_path(f"dataset_burst/ray_default/r{k}").exists()]
+    runs = [f"dataset_burst/ray_default/r{k}" for k in range(repeats_on_disk("dataset_burst"))
+            if run_path(f"dataset_burst/ray_default/r{k}").exists()]
     if not runs:
         raise FileNotFoundError("no dataset burst of ray_default yet: run `python -m benchmarks.continuous burst` first")
     return float(np.mean([capacity_rps(read_run(run)) for run in runs]))
+
+
+def repeats_on_disk(name: str) -> int:
+    """How many repeat slots a workload's runs span (one past the highest r<k> of any policy): tables
+    read every repeat on disk, so a command run with fewer `--repeats` never drops older ones."""
+    return max((int(path.stem.rsplit("__r", 1)[1]) + 1 for path in RUNS.glob(f"{name}__*__r*.jsonl")), default=0)
 
 
 def run_names(prefix: str) -> list[str]:

@@ -163,7 +163,7 @@ def main(argv=None) -> None:
         from benchmarks.continuous.bursts import measured_capacity
         from benchmarks.online.real import cold_start
 
-        rate = args.rate or args.load * measured_capacity(3)
+        rate = args.rate or args.load * measured_capacity()
         parts_file.update(args.out, "online", report.markdown, report.plot,
                           real=cold_start(args.requests, rate, args.dispatched_share, args.compare))
     else:
