@@ -95,7 +95,20 @@ def test_a_run_stack_serves_only_the_heads_its_policies_read(tmp_path):
     early = stack_overrides(["ray_default", "early_work"], log)
     assert early["router"]["policy"] == "early_work" and early["predictor"]["extra_heads"] == []
     assert early["router"]["benchmark_headers"] and early["router"]["request_log"] == str(log)
+    assert early["router"]["request_timeout_s"] == 3600  # a slow machine's burst waits, never 503s
     both = stack_overrides(["last_work", "estp_work", "ceiling", "last_told"], log)
     assert both["router"]["policy"] == "last_work" and both["predictor"]["extra_heads"] == ["estp"]
     blind = stack_overrides(["ray_default", "ceiling"], log)
     assert "policy" not in blind["router"] and blind["predictor"]["extra_heads"] == []
+
+
+def test_a_workloads_repeats_span_every_run_on_disk_not_the_commands_repeats(tmp_path, monkeypatch):
+    from benchmarks.continuous import bursts
+
+    monkeypatch.setattr(bursts, "RUNS", tmp_path)
+    for run in ("dataset_burst_early__ray_default__r0", "dataset_burst_early__early_work__r4",
+                "dataset_burst__ray_default__r2", "dataset_burst_early__early_work__r4.probe"):
+        (tmp_path / f"{run}.jsonl" if not run.endswith("probe") else tmp_path / f"{run}.json").write_text("")
+    assert bursts.repeats_on_disk("dataset_burst_early") == 5  # r4 of one policy: five slots
+    assert bursts.repeats_on_disk("dataset_burst") == 3  # not dataset_burst_early's runs
+    assert bursts.repeats_on_disk("sharegpt_burst") == 0

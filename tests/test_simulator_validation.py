@@ -105,3 +105,19 @@ def test_a_run_probed_slower_than_the_fit_runs_is_timed_that_much_slower():
     probed = fit_scales([replace(run, step_s=0.3), replace(run, step_s=0.1), run], setup, (0.0, 0.0))
     assert probed.reference_step_s == pytest.approx(0.2)
     assert fit_scales([run], setup, (0.0, 0.0)).reference_step_s is None
+
+
+def test_a_run_whose_router_turned_requests_away_is_not_replayed(tmp_path):
+    """The simulator has no queue bound: a run with 503s would be replayed as a smaller workload."""
+    import json
+
+    from benchmarks.replay.runs import RUNS
+    from benchmarks.simulator.validation import load_runs
+
+    lines = (RUNS / "dataset_burst__ray_default__r0.jsonl").read_text().splitlines()[:4]
+    (tmp_path / "w__ray_default__r0.jsonl").write_text("\n".join(lines) + "\n")
+    turned_away = [json.loads(line) for line in lines]
+    turned_away[-1].update(status="failed", error="InternalServerError: Error code: 503")
+    (tmp_path / "w__ray_default__r1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in turned_away))
+    runs = load_runs(tmp_path, tmp_path / "no_rollouts.jsonl")
+    assert list(runs) == ["w/ray_default/r0"] and len(runs["w/ray_default/r0"].requests) == 4

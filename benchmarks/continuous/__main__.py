@@ -108,7 +108,7 @@ def _runs(args, name: str, trace, policies: list[str], traces: dict | None = Non
         with RunningStack(Path(tmp), bursts.stack_overrides(policies, log)) as stack:
             os.environ["RAY_ADDRESS"] = "auto"
             connect()
-            actors = spawn_actors(stack.base_url, args.actors, 3600)
+            actors = spawn_actors(stack.base_url, args.actors, bursts.RUN_TIMEOUT_S)
             for k, policy in todo:
                 drain(stack.base_url)
                 execute(f"{name}/{policy}/r{k}", stack.base_url, actors, (traces or {}).get(policy, trace),
@@ -138,7 +138,7 @@ def _stock(args, name: str, trace) -> None:
     with tempfile.TemporaryDirectory() as tmp, RunningStack(Path(tmp), application=application) as stack:
         os.environ["RAY_ADDRESS"] = "auto"
         connect()
-        actors = spawn_actors(stack.base_url, args.actors, 3600)
+        actors = spawn_actors(stack.base_url, args.actors, bursts.RUN_TIMEOUT_S)
         for k in todo:
             execute(f"{name}/{bursts.STOCK}/r{k}", stack.base_url, actors, trace, None, None, label=bursts.STOCK)
             _write_runs(args)

@@ -34,6 +34,7 @@ from serving.config import StackConfig
 
 BURST = 128
 BURST_MAX_TOKENS = 1024
+RUN_TIMEOUT_S = 3600  # the replay clients' timeout (spawn_actors), and the run stacks' queue bound
 DATASET_POLICIES = ("ray_default", "last_work", "ceiling", "oracle_work")
 STOCK = "ray_serve_llm"  # the stock app's label among the burst's policies
 # last_work's order with its predictions told up front (the `ceiling` policy's told-length path):
@@ -53,11 +54,14 @@ TOLD_AS = {HEAD_TOLD: "ceiling"}  # a run label -> the router policy it runs as
 
 
 def stack_overrides(policies: list[str], request_log: Path) -> dict:
-    """The stack a run's policies need: benchmark headers, the request log, and the heads those
-    policies read and no other (an unread head's features would be computed for every prediction)."""
+    """The stack a run's policies need: benchmark headers, the request log, a queue bound no run
+    reaches, and the heads those policies read and no other (an unread head's features would be
+    computed for every prediction)."""
     policies = [TOLD_AS.get(p, p) for p in policies]
     heads = list(dict.fromkeys(head for p in policies if (head := head_of(p))))
-    router = {"benchmark_headers": True, "request_log": str(request_log)}
+    # The queue bound raised to the client's own timeout: a burst onto a slower machine (they differ
+    # 2-3x between sessions) would otherwise become a test of the 503s at 600 s, not of the order.
+    router = {"benchmark_headers": True, "request_log": str(request_log), "request_timeout_s": RUN_TIMEOUT_S}
     if heads:
         router["policy"] = next(p for p in policies if head_of(p) == heads[0])
     return {"router": router, "predictor": {"extra_heads": heads[1:]}}

@@ -340,7 +340,8 @@ def summary_json(fit: Fit, fit_runs: list[str], held_out: list[str], compared: d
 
 
 def load_runs(runs_dir: Path, rollout_records: Path) -> dict[str, Run]:
-    """Every real run on disk: the bursts and loads (runs/*.jsonl) and the real rollouts."""
+    """Every real run on disk that answered all its requests: the bursts and loads (runs/*.jsonl)
+    and the real rollouts."""
     from benchmarks.replay.probe import read_step_s
     from benchmarks.replay.runs import read_run
     from benchmarks.rollout.real import SCHEDULES, rl_prompt_tokens
@@ -348,7 +349,12 @@ def load_runs(runs_dir: Path, rollout_records: Path) -> dict[str, Run]:
     runs = {}
     for path in sorted(runs_dir.glob("*.jsonl")):
         name = path.stem.replace("__", "/")
-        runs[name] = replace(online_run(name, read_run(name, runs_dir)), step_s=read_step_s(path))
+        records = read_run(name, runs_dir)
+        # The simulator has no queue bound: replaying only the answered part of a run whose router
+        # turned requests away (503 after request_timeout_s) would replay another workload.
+        if any(r.status != "ok" for r in records):
+            continue
+        runs[name] = replace(online_run(name, records), step_s=read_step_s(path))
     if rollout_records.exists():
         batches = defaultdict(list)
         for line in rollout_records.read_text().splitlines():
