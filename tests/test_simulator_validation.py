@@ -51,7 +51,7 @@ def test_the_fit_finds_the_step_time_factors_a_run_was_timed_with():
     run = Run("synthetic", "online", "ray_default", "least_inflight", requests, rng.integers(20, 400, n),
               arrival, np.zeros(n), np.zeros(n), [])
     run.first_token, run.finish = simulated(run, setup, Fit(0.4, 0.6, 0.5), 2, 16)
-    fit = fit_scales([run], setup, (0.0, 0.0))
+    fit = fit_scales([run], setup, (0.0, 0.0), probe_tokens=40)
     assert abs(fit.const - 1) > 0.2
     _, finish = simulated(run, setup, fit, 2, 16)
     assert np.median(np.abs(finish - run.finish) / (run.finish - arrival)) < 0.05
@@ -82,14 +82,14 @@ def test_the_same_workload_comparison_replays_a_run_both_ways():
 
 
 def test_a_run_probed_slower_than_the_fit_runs_is_timed_that_much_slower():
-    """Sessions get machines 2-3x apart: a run's probed step time scales the model against the fit
-    runs' mean probe; an unprobed run keeps the fit's speed."""
+    """Sessions get machines 2-3x apart: a run's probed step time scales the model against the probe
+    as the fit times it; an unprobed run keeps the fit's speed."""
     from dataclasses import replace
 
     import numpy as np
 
     from benchmarks.simulator.setup import load_setup
-    from benchmarks.simulator.validation import Fit, Run, fit_scales, simulated
+    from benchmarks.simulator.validation import Fit, Run, fit_scales, probe_step_s, simulated
     from scheduling.request import Request
 
     setup = load_setup()
@@ -102,9 +102,47 @@ def test_a_run_probed_slower_than_the_fit_runs_is_timed_that_much_slower():
     assert (slow_finish - slow_first)[0] == pytest.approx(2 * (finish - first)[0], rel=1e-6)
     assert simulated(replace(run, step_s=0.2), setup, Fit(), 2, 16)[1][0] == pytest.approx(finish[0])  # no reference
     run.first_token, run.finish = first, finish
-    probed = fit_scales([replace(run, step_s=0.3), replace(run, step_s=0.1), run], setup, (0.0, 0.0))
-    assert probed.reference_step_s == pytest.approx(0.2)
-    assert fit_scales([run], setup, (0.0, 0.0)).reference_step_s is None
+    fit = fit_scales([run], setup, (0.0, 0.0), probe_tokens=40)
+    # The reference is the probe as the fitted factors time it, whether or not a fit run was probed.
+    assert fit.reference_step_s == pytest.approx(probe_step_s(setup, replace(fit, reference_step_s=None), 40))
+    slower = replace(fit, const=2 * fit.const, decode=2 * fit.decode, prefill=2 * fit.prefill)
+    assert probe_step_s(setup, slower, 40) == pytest.approx(2 * fit.reference_step_s, rel=0.05)
+
+
+def test_a_fit_on_unprobed_runs_times_a_run_probed_on_a_slower_machine():
+    """The cross-session case: the fit runs were made before runs were probed, and a later run on a
+    machine twice as slow probed twice the step time the fit's factors give the probe: it is timed
+    twice as slow, as it ran."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from benchmarks.simulator.setup import load_setup
+    from benchmarks.simulator.validation import Fit, Run, fit_scales, probe_step_s, simulated
+    from scheduling.request import Request
+
+    setup, rng, n = load_setup(), np.random.default_rng(1), 40
+    arrival = np.sort(rng.uniform(0, 30, n))
+    requests = [Request(f"r{i}", "ray_default", arrival=float(t), prompt_tokens=int(rng.integers(20, 300)),
+                        max_tokens=1024) for i, t in enumerate(arrival)]
+    old = Run("old", "online", "ray_default", "least_inflight", requests, rng.integers(20, 300, n),
+              arrival, np.zeros(n), np.zeros(n), [])
+    machine = Fit(0.5, 0.7, 0.6)
+    old.first_token, old.finish = simulated(old, setup, machine, 2, 16)
+    slow_machine = Fit(1.0, 1.4, 1.2)
+    new = replace(old, name="new", step_s=probe_step_s(setup, slow_machine, 40))
+    new.first_token, new.finish = simulated(replace(new, step_s=None), setup, slow_machine, 2, 16)
+    # A burst alone cannot split a step's fixed cost from its per-sequence cost, which the probe (8
+    # sequences an engine, not 16) reads differently: the real fit has a calm run for that too.
+    calm_arrival = np.sort(rng.uniform(0, 400, n))
+    calm = Run("calm", "online", "ray_default", "least_inflight",
+               [replace(r, arrival=float(t)) for r, t in zip(requests, calm_arrival)], old.output, calm_arrival,
+               np.zeros(n), np.zeros(n), [])
+    calm.first_token, calm.finish = simulated(calm, setup, machine, 2, 16)
+    fit = fit_scales([old, calm], setup, (0.0, 0.0), probe_tokens=40)
+    for scaled, error in ((new, lambda e: e < 0.05), (replace(new, step_s=None), lambda e: e > 0.3)):
+        _, finish = simulated(scaled, setup, fit, 2, 16)
+        assert error(np.median(np.abs(finish - new.finish) / (new.finish - arrival)))
 
 
 def test_a_run_whose_router_turned_requests_away_is_not_replayed(tmp_path):

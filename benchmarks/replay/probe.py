@@ -5,7 +5,8 @@ step-time factors fitted on one session's runs mistime another's runs by more th
 moves them. Before each run a fixed probe goes through the serving path as deployed (HTTP, the
 router, both engines): PROBE_REQUESTS requests at once, each made to answer exactly PROBE_TOKENS
 tokens, and the median time between a request's tokens is the run's step time. The simulator's
-validation scales its step-time model by a run's probe against the fit runs' probes.
+validation times the same probe with its fitted model (the fit runs' machines) and scales a
+probed run's steps by its probe against that.
 """
 
 from __future__ import annotations
@@ -22,14 +23,25 @@ from benchmarks.replay.trace import TraceRequest
 
 PROBE_REQUESTS = 16  # half the default stack's slots: nothing waits, nothing is predicted
 PROBE_TOKENS = 64
-PROBE_PROMPT = "Write a long story about a lighthouse keeper and the ships she watches."
+PROBE_MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse keeper and the ships she watches."}]
 
 
 def probe_trace(run: str) -> list[TraceRequest]:
     return [TraceRequest(request_id=f"{run}:probe{i:02d}", arrival_s=0.0, prompt_id="probe", scenario="probe",
-                         messages=[{"role": "user", "content": PROBE_PROMPT}], max_tokens=PROBE_TOKENS,
+                         messages=PROBE_MESSAGES, max_tokens=PROBE_TOKENS,
                          min_tokens=PROBE_TOKENS, true_output_tokens=PROBE_TOKENS, prompt_tokens=0)
             for i in range(PROBE_REQUESTS)]
+
+
+def probe_prompt_tokens(model_source: str) -> int:
+    """The probe's prompt as the engines see it (the model's chat template): the simulator times the probe too."""
+    from transformers import AutoTokenizer
+
+    from predictor.model_files import resolve_model_source
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(model_source))
+    return len(tokenizer.apply_chat_template(PROBE_MESSAGES, add_generation_prompt=True, tokenize=True,
+                                             return_dict=False))
 
 
 def step_seconds(records: list[RequestRecord]) -> float:

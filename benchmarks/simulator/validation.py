@@ -17,8 +17,9 @@ in-process, scaled by what the deployed serving path adds, fitted on some runs:
   landing). Set, not fitted: three busy threads on two cores make it 1.5. Fitted on the one fit
   run that has the predictor it came out 2.43 and doubled the held-out runs' last_work loss;
 - the machine: sessions get machines up to 2-3x apart in speed. A run probed before it started
-  (benchmarks.replay.probe) is timed at its probed step time against the fit runs' mean probe;
-  runs made before runs were probed, and every run while no fit run was probed, are not scaled.
+  (benchmarks.replay.probe) is timed at its probed step time against the probe simulated with
+  the fitted factors (what the probe would have measured on the fit runs' machines); runs made
+  before runs were probed are timed at the fit's speed.
 Prefix-cache hits are the engine model's (a rollout's samples share their prompt).
 
 Runs are split into fit runs and held-out runs; the errors reported (per request: JCT, TTFT and
@@ -56,8 +57,9 @@ class Fit:
     delay_in_s: float = 0.0
     delay_out_s: float = 0.0
     predictor: float = 1.0
-    # The fit runs' mean probed step time (benchmarks.replay.probe): a run probed slower than it is
-    # timed that much slower. None: no fit run was probed, and no run is scaled.
+    # The speed probe (benchmarks.replay.probe) as this fit times it: the step time a probe would
+    # have measured on the fit runs' machines. A run probed slower is timed that much slower.
+    # None: no reference, no run scaled.
     reference_step_s: float | None = None
 
     def model(self, base: StepTimeModel, step_s: float | None = None) -> StepTimeModel:
@@ -172,17 +174,32 @@ def compare(run: Run, setup: Setup, fit: Fit, replicas: int = 2, per_replica: in
             "error": {k: sim[k] / real[k] - 1 for k in AGGREGATES}, "per_request": per_request}
 
 
-def fit_scales(runs: list[Run], setup: Setup, delays: tuple[float, float]) -> Fit:
-    """The step-time factors that make the fit runs' requests finish when they really did
-    (least squares on log JCT and log TTFT per request), the hops' delays measured."""
-    from scipy.optimize import minimize
+def probe_step_s(setup: Setup, fit: Fit, prompt_tokens: int) -> float:
+    """The speed probe simulated: its requests at once on the two engines, the median time
+    between a request's tokens, as the fit's factors time them (unscaled: the fit's machines)."""
+    from benchmarks.replay.probe import PROBE_REQUESTS, PROBE_TOKENS
 
-    probed = [run.step_s for run in runs if run.step_s]
-    reference = float(np.mean(probed)) if probed else None
+    requests = [Request(f"probe{i}", "ray_default", arrival=0.0, prompt_tokens=prompt_tokens, max_tokens=PROBE_TOKENS)
+                for i in range(PROBE_REQUESTS)]
+    zeros = np.zeros(PROBE_REQUESTS)
+    probe = Run("probe", "online", "ray_default", "least_inflight", requests, np.full(PROBE_REQUESTS, PROBE_TOKENS),
+                zeros, zeros, zeros, [])
+    first, finish = simulated(probe, setup, replace(fit, reference_step_s=None), 2, 16)
+    return float(np.median((finish - first) / (PROBE_TOKENS - 1)))
+
+
+def fit_scales(runs: list[Run], setup: Setup, delays: tuple[float, float], probe_tokens: int) -> Fit:
+    """The step-time factors that make the fit runs' requests finish when they really did
+    (least squares on log JCT and log TTFT per request), the hops' delays measured. The reference
+    speed is the probe as the factors time it, not the fit runs' own probes: so runs made before
+    runs were probed can still be the fit, and a probed fit run's overall speed is its probe's
+    (the factors then set only how a step's time splits over its terms)."""
+    from scipy.optimize import minimize
 
     def fitted(x: np.ndarray) -> Fit:
         const, decode, prefill = np.exp(x)
-        return Fit(const, decode, prefill, *delays, predictor=PREDICTOR_SLOWDOWN, reference_step_s=reference)
+        fit = Fit(const, decode, prefill, *delays, predictor=PREDICTOR_SLOWDOWN)
+        return replace(fit, reference_step_s=probe_step_s(setup, fit, probe_tokens))
 
     def loss(x: np.ndarray) -> float:
         fit = fitted(x)
@@ -277,9 +294,9 @@ def markdown(result: dict) -> str:
              "x{prefill:.2f} on the single-engine calibration; x{predictor:.2f} while the predictor prefills on the "
              "engines' cores (set: three busy threads on two cores); measured hops {delay_in_s:.2f} s in, "
              "{delay_out_s:.2f} s out.".format(**{"predictor": 1.0, **fit}) + (
-                 f" Probed runs are timed at their machine's speed: their probed step time against the fit runs' "
-                 f"mean, {fit['reference_step_s']:.3f} s." if fit.get("reference_step_s") else
-                 " No fit run was probed (benchmarks.replay.probe): every run is timed at the fit's speed."), "",
+                 f" The fitted model times the speed probe (benchmarks.replay.probe) at {fit['reference_step_s']:.3f} s "
+                 "per step: the fit runs' machines. A probed run is timed at its own probe against that; runs made "
+                 "before runs were probed at the fit's speed." if fit.get("reference_step_s") else ""), "",
              f"Fit runs: {', '.join(result['fit_runs'])}.", "",
              f"Held-out runs: {', '.join(result['held_out_runs'])}.", "",
              "## Aggregate error on the held-out runs (simulated / real - 1)", "",
@@ -293,6 +310,14 @@ def markdown(result: dict) -> str:
         lines.append(f"| {metric} | {_pct(e['signed'])} | {100 * e['absolute']:.1f}% | {_pct(e['worst'])} | "
                      f"{'-' if floor is None else f'{100 * floor:.1f}%'} | "
                      f"{'held' if e['absolute'] <= 0.10 else 'MISSED'} (<= 10%) |")
+    if result.get("aggregate_probed"):
+        lines += ["", f"The {len(result['probed_held_out_runs'])} probed held-out runs alone "
+                  f"({', '.join(result['probed_held_out_runs'])}), timed at their probe and at the fit's speed "
+                  "(mean absolute error):", "", "| metric | at their probe | at the fit's speed |", "|---|---|---|"]
+        for metric, e in result["aggregate_probed"].items():
+            lines.append(f"| {metric} | {100 * e['absolute']:.1f}% ({_pct(e['signed'])}) | "
+                         f"{100 * result['aggregate_probed_unscaled'][metric]['absolute']:.1f}% "
+                         f"({_pct(result['aggregate_probed_unscaled'][metric]['signed'])}) |")
     sa = result["sign_agreement"]
     lines += ["", f"Sign of every policy difference the real runs resolve beyond their repeats' spread (all "
               f"repeats, fit runs too: the fit sets three global factors, no policy's difference): "
@@ -332,9 +357,13 @@ def aggregate(compared: dict[str, dict], names: list[str]) -> dict:
 
 
 def summary_json(fit: Fit, fit_runs: list[str], held_out: list[str], compared: dict, agreement: dict,
-                 noise: dict) -> dict:
+                 noise: dict, probed: list[str], unscaled: dict[str, dict]) -> dict:
     return {"fit": asdict(fit), "fit_runs": fit_runs, "held_out_runs": held_out,
             "aggregate": aggregate(compared, held_out), "aggregate_fit": aggregate(compared, fit_runs),
+            # The held-out runs timed at their own machine's probe, alone, and as if on the fit's
+            # machines: what the probe buys.
+            "probed_held_out_runs": probed, "aggregate_probed": aggregate(compared, probed) if probed else None,
+            "aggregate_probed_unscaled": aggregate(unscaled, probed) if probed else None,
             "sign_agreement": agreement, "noise_floor": noise,
             "runs": {n: {**c, "set": "fit" if n in fit_runs else "held out"} for n, c in compared.items()}}
 
@@ -369,8 +398,11 @@ def load_runs(runs_dir: Path, rollout_records: Path) -> dict[str, Run]:
 
 def validate(setup: Setup, runs: dict[str, Run], fit_names: list[str], records: dict[str, list[RunRecord]]) -> dict:
     """Fit on `fit_names`, compare every run, and judge the held-out ones."""
+    from benchmarks.replay.probe import probe_prompt_tokens
+
     delays = measured_delays([records[n] for n in fit_names if n in records])
-    fit = fit_scales([runs[n] for n in fit_names], setup, delays)
+    probe_tokens = probe_prompt_tokens(setup.config.model.source)
+    fit = fit_scales([runs[n] for n in fit_names], setup, delays, probe_tokens)
     compared = {name: compare(run, setup, fit) for name, run in runs.items()}
     held_out = [n for n in runs if n not in fit_names]
     real, sim = defaultdict(list), defaultdict(list)
@@ -384,7 +416,9 @@ def validate(setup: Setup, runs: dict[str, Run], fit_names: list[str], records: 
     paired = same_workload(runs, compared, setup, fit)
     for row in agreement["rows"]:
         row["same_workload_changes"] = paired.get(f"{row['workload']}/{row['policy']}", [])
-    return summary_json(fit, fit_names, held_out, compared, agreement, noise_floor(real))
+    probed = [n for n in held_out if runs[n].step_s]
+    unscaled = {n: compare(replace(runs[n], step_s=None), setup, fit) for n in probed}
+    return summary_json(fit, fit_names, held_out, compared, agreement, noise_floor(real), probed, unscaled)
 
 
 def noise_floor(real: dict[str, list[dict]]) -> dict:
