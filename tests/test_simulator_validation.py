@@ -34,6 +34,24 @@ def test_the_predictors_busy_time_is_the_union_of_its_requests_waits():
     assert merged([]) == []
 
 
+def _timed_run(name: str, seed: int, n: int, span_s: float, machine):
+    """n requests arriving over span_s, timed by the simulator itself on a machine of known factors."""
+    import numpy as np
+
+    from benchmarks.simulator.setup import load_setup
+    from benchmarks.simulator.validation import Run, simulated
+    from scheduling.request import Request
+
+    rng = np.random.default_rng(seed)
+    arrival = np.sort(rng.uniform(0, span_s, n))
+    requests = [Request(f"r{i}", "ray_default", arrival=float(t), prompt_tokens=int(rng.integers(20, 400)),
+                        max_tokens=1024) for i, t in enumerate(arrival)]
+    run = Run(name, "online", "ray_default", "least_inflight", requests, rng.integers(20, 400, n),
+              arrival, np.zeros(n), np.zeros(n), [])
+    run.first_token, run.finish = simulated(run, load_setup(), machine, 2, 16)
+    return run
+
+
 def test_the_fit_finds_the_step_time_factors_a_run_was_timed_with():
     """A run timed by the simulator itself with known factors: the fit must leave its starting point
     (it once stopped there at once: scipy's first simplex around 0 is 0.00025 wide) and time the
@@ -41,20 +59,13 @@ def test_the_fit_finds_the_step_time_factors_a_run_was_timed_with():
     import numpy as np
 
     from benchmarks.simulator.setup import load_setup
-    from benchmarks.simulator.validation import Fit, Run, fit_scales, simulated
-    from scheduling.request import Request
+    from benchmarks.simulator.validation import Fit, fit_scales, simulated
 
-    setup, rng, n = load_setup(), np.random.default_rng(0), 60
-    arrival = np.sort(rng.uniform(0, 40, n))
-    requests = [Request(f"r{i}", "ray_default", arrival=float(t), prompt_tokens=int(rng.integers(20, 400)),
-                        max_tokens=1024) for i, t in enumerate(arrival)]
-    run = Run("synthetic", "online", "ray_default", "least_inflight", requests, rng.integers(20, 400, n),
-              arrival, np.zeros(n), np.zeros(n), [])
-    run.first_token, run.finish = simulated(run, setup, Fit(0.4, 0.6, 0.5), 2, 16)
+    setup, run = load_setup(), _timed_run("synthetic", 0, 60, 40, Fit(0.4, 0.6, 0.5))
     fit = fit_scales([run], setup, (0.0, 0.0), probe_tokens=40)
     assert abs(fit.const - 1) > 0.2
     _, finish = simulated(run, setup, fit, 2, 16)
-    assert np.median(np.abs(finish - run.finish) / (run.finish - arrival)) < 0.05
+    assert np.median(np.abs(finish - run.finish) / (run.finish - run.arrival)) < 0.05
 
 
 def test_the_same_workload_comparison_replays_a_run_both_ways():
@@ -118,31 +129,18 @@ def test_a_fit_on_unprobed_runs_times_a_run_probed_on_a_slower_machine():
     import numpy as np
 
     from benchmarks.simulator.setup import load_setup
-    from benchmarks.simulator.validation import Fit, Run, fit_scales, probe_step_s, simulated
-    from scheduling.request import Request
+    from benchmarks.simulator.validation import Fit, fit_scales, probe_step_s, simulated
 
-    setup, rng, n = load_setup(), np.random.default_rng(1), 40
-    arrival = np.sort(rng.uniform(0, 30, n))
-    requests = [Request(f"r{i}", "ray_default", arrival=float(t), prompt_tokens=int(rng.integers(20, 300)),
-                        max_tokens=1024) for i, t in enumerate(arrival)]
-    old = Run("old", "online", "ray_default", "least_inflight", requests, rng.integers(20, 300, n),
-              arrival, np.zeros(n), np.zeros(n), [])
-    machine = Fit(0.5, 0.7, 0.6)
-    old.first_token, old.finish = simulated(old, setup, machine, 2, 16)
-    slow_machine = Fit(1.0, 1.4, 1.2)
-    new = replace(old, name="new", step_s=probe_step_s(setup, slow_machine, 40))
-    new.first_token, new.finish = simulated(replace(new, step_s=None), setup, slow_machine, 2, 16)
+    setup, machine, slow_machine = load_setup(), Fit(0.5, 0.7, 0.6), Fit(1.0, 1.4, 1.2)
+    old = _timed_run("old", 1, 40, 30, machine)
     # A burst alone cannot split a step's fixed cost from its per-sequence cost, which the probe (8
     # sequences an engine, not 16) reads differently: the real fit has a calm run for that too.
-    calm_arrival = np.sort(rng.uniform(0, 400, n))
-    calm = Run("calm", "online", "ray_default", "least_inflight",
-               [replace(r, arrival=float(t)) for r, t in zip(requests, calm_arrival)], old.output, calm_arrival,
-               np.zeros(n), np.zeros(n), [])
-    calm.first_token, calm.finish = simulated(calm, setup, machine, 2, 16)
+    calm = _timed_run("calm", 2, 40, 400, machine)
+    new = replace(_timed_run("new", 1, 40, 30, slow_machine), step_s=probe_step_s(setup, slow_machine, 40))
     fit = fit_scales([old, calm], setup, (0.0, 0.0), probe_tokens=40)
     for scaled, error in ((new, lambda e: e < 0.05), (replace(new, step_s=None), lambda e: e > 0.3)):
         _, finish = simulated(scaled, setup, fit, 2, 16)
-        assert error(np.median(np.abs(finish - new.finish) / (new.finish - arrival)))
+        assert error(np.median(np.abs(finish - new.finish) / (new.finish - new.arrival)))
 
 
 def test_a_run_whose_router_turned_requests_away_is_not_replayed(tmp_path):
