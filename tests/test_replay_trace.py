@@ -106,9 +106,9 @@ def test_a_workloads_repeats_span_every_run_on_disk_not_the_commands_repeats(tmp
     from benchmarks.continuous import bursts
 
     monkeypatch.setattr(bursts, "RUNS", tmp_path)
-    for run in ("dataset_burst_early__ray_default__r0", "dataset_burst_early__early_work__r4",
-                "dataset_burst__ray_default__r2", "dataset_burst_early__early_work__r4.probe"):
-        (tmp_path / f"{run}.jsonl" if not run.endswith("probe") else tmp_path / f"{run}.json").write_text("")
+    for name in ("dataset_burst_early__ray_default__r0.jsonl", "dataset_burst_early__early_work__r4.jsonl",
+                 "dataset_burst__ray_default__r2.jsonl", "dataset_burst_early__early_work__r4.probe.json"):
+        (tmp_path / name).write_text("")
     assert bursts.repeats_on_disk("dataset_burst_early") == 5  # r4 of one policy: five slots
     assert bursts.repeats_on_disk("dataset_burst") == 3  # not dataset_burst_early's runs
     assert bursts.repeats_on_disk("sharegpt_burst") == 0

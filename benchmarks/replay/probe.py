@@ -37,11 +37,10 @@ def probe_prompt_tokens(model_source: str) -> int:
     """The probe's prompt as the engines see it (the model's chat template): the simulator times the probe too."""
     from transformers import AutoTokenizer
 
+    from predictor.estimator import encode_prompt
     from predictor.model_files import resolve_model_source
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(model_source))
-    return len(tokenizer.apply_chat_template(PROBE_MESSAGES, add_generation_prompt=True, tokenize=True,
-                                             return_dict=False))
+    return len(encode_prompt(AutoTokenizer.from_pretrained(resolve_model_source(model_source)), PROBE_MESSAGES))
 
 
 def step_seconds(records: list[RequestRecord]) -> float:
