@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from benchmarks.replay.probe import PROBE_REQUESTS, PROBE_TOKENS, probe_path, probe_trace, read_step_s, step_seconds
+from benchmarks.replay.probe import (PROBE_REQUESTS, PROBE_TOKENS, Probe, probe_path, probe_trace, read_probe,
+                                     step_seconds)
 from benchmarks.replay.records import RequestRecord
 
 
@@ -30,8 +31,8 @@ def test_the_step_time_is_the_median_gap_between_a_requests_tokens():
         step_seconds(records[3:])
 
 
-def test_a_run_made_before_probing_has_no_step_time(tmp_path):
+def test_a_run_made_before_probing_has_no_probe(tmp_path):
     run_file = tmp_path / "w__p__r0.jsonl"
-    assert read_step_s(run_file) is None
-    probe_path(run_file).write_text(json.dumps({"step_s": 0.12}))
-    assert probe_path(run_file).name == "w__p__r0.probe.json" and read_step_s(run_file) == 0.12
+    assert read_probe(run_file) is None
+    probe_path(run_file).write_text(json.dumps({"step_s": 0.12, "requests": 16, "tokens": 64}))
+    assert probe_path(run_file).name == "w__p__r0.probe.json" and read_probe(run_file) == Probe(16, 0.12)

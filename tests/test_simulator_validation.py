@@ -62,7 +62,7 @@ def test_the_fit_finds_the_step_time_factors_a_run_was_timed_with():
     from benchmarks.simulator.validation import Fit, fit_scales, simulated
 
     setup, run = load_setup(), _timed_run("synthetic", 0, 60, 40, Fit(0.4, 0.6, 0.5))
-    fit = fit_scales([run], setup, (0.0, 0.0), probe_tokens=40)
+    fit = fit_scales([run], setup, (0.0, 0.0), probe_tokens=40, probe_sizes=set())
     assert abs(fit.const - 1) > 0.2
     _, finish = simulated(run, setup, fit, 2, 16)
     assert np.median(np.abs(finish - run.finish) / (run.finish - run.arrival)) < 0.05
@@ -100,6 +100,7 @@ def test_a_run_probed_slower_than_the_fit_runs_is_timed_that_much_slower():
     import numpy as np
 
     from benchmarks.simulator.setup import load_setup
+    from benchmarks.replay.probe import Probe
     from benchmarks.simulator.validation import Fit, Run, fit_scales, probe_step_s, simulated
     from scheduling.request import Request
 
@@ -107,17 +108,21 @@ def test_a_run_probed_slower_than_the_fit_runs_is_timed_that_much_slower():
     requests = [Request("r0", "ray_default", arrival=0.0, prompt_tokens=50, max_tokens=1024)]
     run = Run("probe/ray_default/r0", "online", "ray_default", "least_inflight", requests, np.array([200]),
               np.zeros(1), np.zeros(1), np.zeros(1), [])
-    fit = Fit(reference_step_s=0.1)
+    fit = Fit(references={32: 0.1})
     first, finish = simulated(run, setup, fit, 2, 16)
-    slow_first, slow_finish = simulated(replace(run, step_s=0.2), setup, fit, 2, 16)
+    slow_first, slow_finish = simulated(replace(run, probe=Probe(32, 0.2)), setup, fit, 2, 16)
     assert (slow_finish - slow_first)[0] == pytest.approx(2 * (finish - first)[0], rel=1e-6)
-    assert simulated(replace(run, step_s=0.2), setup, Fit(), 2, 16)[1][0] == pytest.approx(finish[0])  # no reference
+    assert simulated(replace(run, probe=Probe(32, 0.2)), setup, Fit(), 2, 16)[1][0] == pytest.approx(finish[0])  # no reference
+    # A probe of another size is judged only against the fit's probe of that size.
+    assert simulated(replace(run, probe=Probe(16, 0.2)), setup, fit, 2, 16)[1][0] == pytest.approx(finish[0])
     run.first_token, run.finish = first, finish
-    fit = fit_scales([run], setup, (0.0, 0.0), probe_tokens=40)
+    fit = fit_scales([run], setup, (0.0, 0.0), probe_tokens=40, probe_sizes={16, 32})
     # The reference is the probe as the fitted factors time it, whether or not a fit run was probed.
-    assert fit.reference_step_s == pytest.approx(probe_step_s(setup, replace(fit, reference_step_s=None), 40))
     slower = replace(fit, const=2 * fit.const, decode=2 * fit.decode, prefill=2 * fit.prefill)
-    assert probe_step_s(setup, slower, 40) == pytest.approx(2 * fit.reference_step_s, rel=0.05)
+    for size in (16, 32):
+        assert fit.references[size] == pytest.approx(probe_step_s(setup, replace(fit, references={}), 40, size))
+        assert probe_step_s(setup, slower, 40, size) == pytest.approx(2 * fit.references[size], rel=0.05)
+    assert fit.references[32] > fit.references[16]  # more sequences a step: a longer step
 
 
 def test_a_fit_on_unprobed_runs_times_a_run_probed_on_a_slower_machine():
@@ -129,16 +134,17 @@ def test_a_fit_on_unprobed_runs_times_a_run_probed_on_a_slower_machine():
     import numpy as np
 
     from benchmarks.simulator.setup import load_setup
+    from benchmarks.replay.probe import Probe
     from benchmarks.simulator.validation import Fit, fit_scales, probe_step_s, simulated
 
     setup, machine, slow_machine = load_setup(), Fit(0.5, 0.7, 0.6), Fit(1.0, 1.4, 1.2)
     old = _timed_run("old", 1, 40, 30, machine)
-    # A burst alone cannot split a step's fixed cost from its per-sequence cost, which the probe (8
-    # sequences an engine, not 16) reads differently: the real fit has a calm run for that too.
+    # A burst alone cannot split a step's fixed cost from its per-sequence cost, which a probe reads
+    # in its own proportion: the real fit has a calm run for that too.
     calm = _timed_run("calm", 2, 40, 400, machine)
-    new = replace(_timed_run("new", 1, 40, 30, slow_machine), step_s=probe_step_s(setup, slow_machine, 40))
-    fit = fit_scales([old, calm], setup, (0.0, 0.0), probe_tokens=40)
-    for scaled, error in ((new, lambda e: e < 0.05), (replace(new, step_s=None), lambda e: e > 0.3)):
+    new = replace(_timed_run("new", 1, 40, 30, slow_machine), probe=Probe(32, probe_step_s(setup, slow_machine, 40, 32)))
+    fit = fit_scales([old, calm], setup, (0.0, 0.0), probe_tokens=40, probe_sizes={32})
+    for scaled, error in ((new, lambda e: e < 0.05), (replace(new, probe=None), lambda e: e > 0.3)):
         _, finish = simulated(scaled, setup, fit, 2, 16)
         assert error(np.median(np.abs(finish - new.finish) / (new.finish - new.arrival)))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,14 @@ from benchmarks.replay.trace import TraceRequest
 PROBE_REQUESTS = 32
 PROBE_TOKENS = 64
 PROBE_MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse keeper and the ships she watches."}]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a run's probe measured: `requests` at once, `step_s` between a request's tokens."""
+
+    requests: int
+    step_s: float
 
 
 def probe_trace(run: str) -> list[TraceRequest]:
@@ -65,7 +74,10 @@ def probe_path(run_file: Path) -> Path:
     return run_file.with_suffix(".probe.json")
 
 
-def read_step_s(run_file: Path) -> float | None:
-    """A run's probed step time; None for runs made before runs were probed."""
+def read_probe(run_file: Path) -> Probe | None:
+    """A run's probe; None for runs made before runs were probed."""
     path = probe_path(run_file)
-    return json.loads(path.read_text())["step_s"] if path.exists() else None
+    if not path.exists():
+        return None
+    probe = json.loads(path.read_text())
+    return Probe(probe["requests"], probe["step_s"])

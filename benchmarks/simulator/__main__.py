@@ -41,7 +41,7 @@ def _validate(args) -> None:
         "aggregate_absolute_error": {k: v["absolute"] for k, v in result["aggregate"].items()},
         "noise_floor": result["noise_floor"],
         "sign_agreement": {k: result["sign_agreement"][k] for k in ("agree", "of")},
-        "probed": {"runs": result["probed_held_out_runs"], "reference_step_s": result["fit"]["reference_step_s"],
+        "probed": {"runs": result["probed_held_out_runs"], "reference_step_s": result["fit"]["references"],
                    "absolute_error": {k: v["absolute"] for k, v in (result["aggregate_probed"] or {}).items()},
                    "unscaled_absolute_error": {k: v["absolute"]
                                                for k, v in (result["aggregate_probed_unscaled"] or {}).items()}}})

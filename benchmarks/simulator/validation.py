@@ -17,9 +17,9 @@ in-process, scaled by what the deployed serving path adds, fitted on some runs:
   landing). Set, not fitted: three busy threads on two cores make it 1.5. Fitted on the one fit
   run that has the predictor it came out 2.43 and doubled the held-out runs' last_work loss;
 - the machine: sessions get machines up to 2-3x apart in speed. A run probed before it started
-  (benchmarks.replay.probe) is timed at its probed step time against the probe simulated with
-  the fitted factors (what the probe would have measured on the fit runs' machines); runs made
-  before runs were probed are timed at the fit's speed.
+  (benchmarks.replay.probe) is timed at its probed step time against the same probe (as many
+  requests at once) simulated with the fitted factors (what the probe would have measured on the
+  fit runs' machines); runs made before runs were probed are timed at the fit's speed.
 Prefix-cache hits are the engine model's (a rollout's samples share their prompt).
 
 Runs are split into fit runs and held-out runs; the errors reported (per request: JCT, TTFT and
@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.replay.probe import Probe
 from benchmarks.replay.runs import RunRecord
 from benchmarks.simulator.cluster import ClusterSpec, simulate, simulate_rollout
 from benchmarks.simulator.setup import SINGLE_POOL, Setup
@@ -57,14 +58,14 @@ class Fit:
     delay_in_s: float = 0.0
     delay_out_s: float = 0.0
     predictor: float = 1.0
-    # The speed probe (benchmarks.replay.probe) as this fit times it: the step time a probe would
-    # have measured on the fit runs' machines. A run probed slower is timed that much slower.
-    # None: no reference, no run scaled.
-    reference_step_s: float | None = None
+    # The speed probe (benchmarks.replay.probe) as this fit times it, per probe size (requests at
+    # once): the step time a probe would have measured on the fit runs' machines. A run probed
+    # slower is timed that much slower. Empty: no reference, no run scaled.
+    references: dict[int, float] = field(default_factory=dict)
 
-    def model(self, base: StepTimeModel, step_s: float | None = None) -> StepTimeModel:
+    def model(self, base: StepTimeModel, probe: Probe | None = None) -> StepTimeModel:
         """The calibrated model with the fitted factors, on a run's machine when it was probed."""
-        speed = step_s / self.reference_step_s if step_s and self.reference_step_s else 1.0
+        speed = probe.step_s / self.references[probe.requests] if probe and probe.requests in self.references else 1.0
         return StepTimeModel(const=base.const * self.const * speed, decode_seqs=base.decode_seqs * self.decode * speed,
                              prefill_tokens=base.prefill_tokens * self.prefill * speed,
                              kv_tokens=base.kv_tokens * self.decode * speed)
@@ -84,7 +85,7 @@ class Run:
     first_token: np.ndarray  # client clock
     finish: np.ndarray
     predictor_busy: list[tuple[float, float]]  # client clock: when the predictor was prefilling
-    step_s: float | None = None  # the machine's probed step time before the run (None: not probed)
+    probe: Probe | None = None  # the machine's speed just before the run (None: not probed)
 
     def workload(self, delay_in_s: float) -> Workload:
         """Fresh records (a simulation fills them), reaching the router `delay_in_s` after they were sent."""
@@ -137,7 +138,7 @@ def simulated(run: Run, setup: Setup, fit: Fit, replicas: int, per_replica: int)
     """(first token, finish) per request on the client's clock, as the simulator has them."""
     spec = ClusterSpec(pools=[SINGLE_POOL], replicas={SINGLE_POOL: replicas}, max_ongoing_requests=per_replica,
                        replica_choice=run.choice, predictor_busy=run.predictor_busy, predictor_slowdown=fit.predictor)
-    model = fit.model(setup.model, run.step_s)
+    model = fit.model(setup.model, run.probe)
     workload = run.workload(fit.delay_in_s if run.kind == "online" else 0.0)
     if run.kind != "online":  # a rollout's times are the router's own, from the batch's start
         out = simulate_rollout(workload, run.kind, spec, setup.limits, model)
@@ -174,21 +175,22 @@ def compare(run: Run, setup: Setup, fit: Fit, replicas: int = 2, per_replica: in
             "error": {k: sim[k] / real[k] - 1 for k in AGGREGATES}, "per_request": per_request}
 
 
-def probe_step_s(setup: Setup, fit: Fit, prompt_tokens: int) -> float:
-    """The speed probe simulated: its requests at once on the two engines, the median time
+def probe_step_s(setup: Setup, fit: Fit, prompt_tokens: int, size: int) -> float:
+    """The speed probe simulated: `size` requests at once on the two engines, the median time
     between a request's tokens, as the fit's factors time them (unscaled: the fit's machines)."""
-    from benchmarks.replay.probe import PROBE_REQUESTS, PROBE_TOKENS
+    from benchmarks.replay.probe import PROBE_TOKENS
 
     requests = [Request(f"probe{i}", "ray_default", arrival=0.0, prompt_tokens=prompt_tokens, max_tokens=PROBE_TOKENS)
-                for i in range(PROBE_REQUESTS)]
-    zeros = np.zeros(PROBE_REQUESTS)
-    probe = Run("probe", "online", "ray_default", "least_inflight", requests, np.full(PROBE_REQUESTS, PROBE_TOKENS),
+                for i in range(size)]
+    zeros = np.zeros(size)
+    probe = Run("probe", "online", "ray_default", "least_inflight", requests, np.full(size, PROBE_TOKENS),
                 zeros, zeros, zeros, [])
-    first, finish = simulated(probe, setup, replace(fit, reference_step_s=None), 2, 16)
+    first, finish = simulated(probe, setup, replace(fit, references={}), 2, 16)
     return float(np.median((finish - first) / (PROBE_TOKENS - 1)))
 
 
-def fit_scales(runs: list[Run], setup: Setup, delays: tuple[float, float], probe_tokens: int) -> Fit:
+def fit_scales(runs: list[Run], setup: Setup, delays: tuple[float, float], probe_tokens: int,
+               probe_sizes: set[int]) -> Fit:
     """The step-time factors that make the fit runs' requests finish when they really did
     (least squares on log JCT and log TTFT per request), the hops' delays measured. The reference
     speed is the probe as the factors time it, not the fit runs' own probes: so runs made before
@@ -199,7 +201,7 @@ def fit_scales(runs: list[Run], setup: Setup, delays: tuple[float, float], probe
     def fitted(x: np.ndarray) -> Fit:
         const, decode, prefill = np.exp(x)
         fit = Fit(const, decode, prefill, *delays, predictor=PREDICTOR_SLOWDOWN)
-        return replace(fit, reference_step_s=probe_step_s(setup, fit, probe_tokens))
+        return replace(fit, references={n: probe_step_s(setup, fit, probe_tokens, n) for n in sorted(probe_sizes)})
 
     def loss(x: np.ndarray) -> float:
         fit = fitted(x)
@@ -294,9 +296,10 @@ def markdown(result: dict) -> str:
              "x{prefill:.2f} on the single-engine calibration; x{predictor:.2f} while the predictor prefills on the "
              "engines' cores (set: three busy threads on two cores); measured hops {delay_in_s:.2f} s in, "
              "{delay_out_s:.2f} s out.".format(**{"predictor": 1.0, **fit}) + (
-                 f" The fitted model times the speed probe (benchmarks.replay.probe) at {fit['reference_step_s']:.3f} s "
-                 "per step: the fit runs' machines. A probed run is timed at its own probe against that; runs made "
-                 "before runs were probed at the fit's speed." if fit.get("reference_step_s") else ""), "",
+                 " The fitted model times the speed probe (benchmarks.replay.probe) at "
+                 + ", ".join(f"{step:.3f} s per step with {size} requests at once" for size, step in fit["references"].items())
+                 + ": the fit runs' machines. A probed run is timed at its own probe against the probe of its size; "
+                 "runs made before runs were probed at the fit's speed." if fit.get("references") else ""), "",
              f"Fit runs: {', '.join(result['fit_runs'])}.", "",
              f"Held-out runs: {', '.join(result['held_out_runs'])}.", "",
              "## Aggregate error on the held-out runs (simulated / real - 1)", "",
@@ -371,7 +374,7 @@ def summary_json(fit: Fit, fit_runs: list[str], held_out: list[str], compared: d
 def load_runs(runs_dir: Path, rollout_records: Path) -> dict[str, Run]:
     """Every real run on disk that answered all its requests: the bursts and loads (runs/*.jsonl)
     and the real rollouts."""
-    from benchmarks.replay.probe import read_step_s
+    from benchmarks.replay.probe import read_probe
     from benchmarks.replay.runs import read_run
     from benchmarks.rollout.real import SCHEDULES, rl_prompt_tokens
 
@@ -383,7 +386,7 @@ def load_runs(runs_dir: Path, rollout_records: Path) -> dict[str, Run]:
         # turned requests away (503 after request_timeout_s) would replay another workload.
         if any(r.status != "ok" for r in records):
             continue
-        runs[name] = replace(online_run(name, records), step_s=read_step_s(path))
+        runs[name] = replace(online_run(name, records), probe=read_probe(path))
     if rollout_records.exists():
         batches = defaultdict(list)
         for line in rollout_records.read_text().splitlines():
@@ -402,7 +405,8 @@ def validate(setup: Setup, runs: dict[str, Run], fit_names: list[str], records: 
 
     delays = measured_delays([records[n] for n in fit_names if n in records])
     probe_tokens = probe_prompt_tokens(setup.config.model.source)
-    fit = fit_scales([runs[n] for n in fit_names], setup, delays, probe_tokens)
+    probe_sizes = {run.probe.requests for run in runs.values() if run.probe}
+    fit = fit_scales([runs[n] for n in fit_names], setup, delays, probe_tokens, probe_sizes)
     compared = {name: compare(run, setup, fit) for name, run in runs.items()}
     held_out = [n for n in runs if n not in fit_names]
     real, sim = defaultdict(list), defaultdict(list)
@@ -416,8 +420,8 @@ def validate(setup: Setup, runs: dict[str, Run], fit_names: list[str], records: 
     paired = same_workload(runs, compared, setup, fit)
     for row in agreement["rows"]:
         row["same_workload_changes"] = paired.get(f"{row['workload']}/{row['policy']}", [])
-    probed = [n for n in held_out if runs[n].step_s]
-    unscaled = {n: compare(replace(runs[n], step_s=None), setup, fit) for n in probed}
+    probed = [n for n in held_out if runs[n].probe]
+    unscaled = {n: compare(replace(runs[n], probe=None), setup, fit) for n in probed}
     return summary_json(fit, fit_names, held_out, compared, agreement, noise_floor(real), probed, unscaled)
 
 
