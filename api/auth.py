@@ -8,9 +8,10 @@ key gets 401 in OpenAI's format, from a middleware that runs before the body is 
 without a key learns nothing about what a valid body looks like. /health stays open unless
 `router.auth.protect_health`, so load balancers and Kubernetes probes need no secret.
 
-The benchmark headers (X-Routing-Policy, X-True-Output-Tokens, X-Target-Pool) steer routing: a
-client that may send them could claim its requests are 0 tokens long and jump every queue. So
-they need a key of their own, `X-Benchmark-Key`, from `LENGTHSERVE_BENCHMARK_KEYS` or
+The benchmark headers (X-Routing-Policy, X-True-Output-Tokens, X-Target-Pool, X-Predict,
+X-Fixed-Output-Tokens) steer routing: a client that may send them could claim its requests are
+0 tokens long and jump every queue. So they need a key of their own, `X-Benchmark-Key`, from
+`LENGTHSERVE_BENCHMARK_KEYS` or
 `LENGTHSERVE_BENCHMARK_KEY_FILE`; with `router.benchmark_headers: true` and no such key the
 router refuses to start.
 """

@@ -19,6 +19,7 @@ POLICY_HEADER = "x-routing-policy"
 ORACLE_HEADER = "x-true-output-tokens"
 POOL_HEADER = "x-target-pool"
 PREDICT_HEADER = "x-predict"
+FIXED_HEADER = "x-fixed-output-tokens"
 
 
 def _ms(start: float | None, end: float | None) -> float:
@@ -73,10 +74,10 @@ def benchmark_overrides(headers, enabled: bool, policies, pools, keys: Keys) -> 
     Refusing them when off (rather than ignoring them) keeps a benchmark pointed at a production
     router from silently measuring the configured policy under another policy's name.
     """
-    policy, told, pool, predict = (headers.get(h) for h in (POLICY_HEADER, ORACLE_HEADER, POOL_HEADER,
-                                                             PREDICT_HEADER))
+    policy, told, pool, predict, fixed = (headers.get(h) for h in (POLICY_HEADER, ORACLE_HEADER, POOL_HEADER,
+                                                                    PREDICT_HEADER, FIXED_HEADER))
     given = [h for h, v in ((POLICY_HEADER, policy), (ORACLE_HEADER, told), (POOL_HEADER, pool),
-                            (PREDICT_HEADER, predict)) if v is not None]
+                            (PREDICT_HEADER, predict), (FIXED_HEADER, fixed)) if v is not None]
     if not enabled:
         if given:
             raise APIError(400, f"{', '.join(given)}: benchmark headers are off (router.benchmark_headers: false).")
@@ -91,4 +92,7 @@ def benchmark_overrides(headers, enabled: bool, policies, pools, keys: Keys) -> 
         raise APIError(400, f"Unknown pool {pool!r} in {POOL_HEADER}; one of {list(pools)}.")
     if predict not in (None, "all", "waiting"):
         raise APIError(400, f"{PREDICT_HEADER} must be 'all' or 'waiting', got {predict!r}.")
-    return Overrides(policy, None if told is None else int(told), pool, None if predict is None else predict == "all")
+    if fixed is not None and not (fixed.isdigit() and int(fixed) > 0):
+        raise APIError(400, f"{FIXED_HEADER} must be a positive integer, got {fixed!r}.")
+    return Overrides(policy, None if told is None else int(told), pool, None if predict is None else predict == "all",
+                     None if fixed is None else int(fixed))

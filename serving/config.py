@@ -280,8 +280,9 @@ class RouterSpec(_Strict):
     live_quality: LiveQualitySpec = Field(default_factory=LiveQualitySpec)
     spillover: bool = Field(True, description="send to a neighbour pool when the chosen one is saturated")
     benchmark_headers: bool = Field(
-        False, description="benchmarks only: honour X-Routing-Policy (any policy, per request) and trust "
-        "X-True-Output-Tokens (the oracle's input); when false, requests carrying either get 400",
+        False, description="benchmarks only: honour X-Routing-Policy (any policy, per request), trust "
+        "X-True-Output-Tokens (the oracle's input) and X-Fixed-Output-Tokens (an answer of exactly that many "
+        "tokens, the router not told); when false, requests carrying any of them get 400",
     )
     request_log: str | None = Field(
         None, description="append every finished request's record (timings, decision, prediction, replica) to "

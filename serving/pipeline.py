@@ -54,6 +54,11 @@ class Overrides:
     told_tokens: int | None = None  # the real output length (oracle) or a prompt's median (ceiling)
     pool: str | None = None  # a pool planned beforehand (batch-synchronous replays)
     predict_all: bool | None = None  # predictor.predict for this request: all (True) or waiting
+    # The engine answers exactly this many tokens, and the router is not told: a replay of known
+    # lengths (what one of the model's samples for the prompt really had) whose requests are ranked,
+    # scored and learned from as the client's own, as if the model had chosen that length. Two
+    # policies then meet the same workload: unseeded answers of one trace differ by 20% in tokens.
+    fixed_tokens: int | None = None
 
 
 @dataclass
@@ -66,6 +71,14 @@ class Served:
 
 def _max_tokens(body) -> int | None:
     return getattr(body, "max_completion_tokens", None) or body.max_tokens
+
+
+def _fix_length(body, tokens: int) -> None:
+    """The engine's side of X-Fixed-Output-Tokens (Overrides.fixed_tokens), as vLLM's min_tokens."""
+    body.min_tokens = tokens
+    body.max_tokens = tokens
+    if getattr(body, "max_completion_tokens", None) is not None:
+        body.max_completion_tokens = tokens
 
 
 class Pipeline:
@@ -113,10 +126,14 @@ class Pipeline:
     # -- stages -------------------------------------------------------------------------------
 
     def new_request(self, body, overrides: Overrides, client_id: str | None = None) -> Request:
+        cap = _max_tokens(body)
+        if overrides.fixed_tokens is not None and cap is not None and overrides.fixed_tokens > cap:
+            raise APIError(400, f"X-Fixed-Output-Tokens ({overrides.fixed_tokens}) is over the request's max_tokens "
+                           f"({cap}).", param="max_tokens")
         return Request(
             id=f"lengthserve-{uuid.uuid4().hex}", policy=overrides.policy or self.policy, arrival=time.time(),
             client_id=client_id,
-            max_tokens=_max_tokens(body), min_tokens=getattr(body, "min_tokens", 0) or 0,
+            max_tokens=cap, min_tokens=getattr(body, "min_tokens", 0) or 0,
             ignore_eos=bool(getattr(body, "ignore_eos", False)), told_tokens=overrides.told_tokens,
             target_pool=overrides.pool,
         )
@@ -279,6 +296,8 @@ class Pipeline:
             raise
         if beside is not None and not (predict_all or sampled):
             beside.cancel()  # dispatched before its prediction landed: no longer needed
+        if overrides.fixed_tokens is not None:
+            _fix_length(body, overrides.fixed_tokens)
         return Served(request, await self.dispatch(request, body, kind))
 
     async def length(self, body, kind: str, overrides: Overrides) -> Request:

@@ -38,8 +38,8 @@ def _headers(**values) -> dict:
 
 def test_benchmark_headers_pick_policy_told_length_and_pool():
     got = benchmark_overrides(_headers(routing_policy="egtp", true_output_tokens="42", target_pool="long",
-                                       benchmark_key="k"), True, POLICIES, POOLS, KEYS)
-    assert (got.policy, got.told_tokens, got.pool) == ("egtp", 42, "long")
+                                       fixed_output_tokens="300", benchmark_key="k"), True, POLICIES, POOLS, KEYS)
+    assert (got.policy, got.told_tokens, got.pool, got.fixed_tokens) == ("egtp", 42, "long", 300)
     assert benchmark_overrides({}, True, POLICIES, POOLS, KEYS) == benchmark_overrides({}, False, POLICIES, POOLS, KEYS)
 
 
@@ -47,6 +47,9 @@ def test_benchmark_headers_pick_policy_told_length_and_pool():
     (True, {"routing_policy": "fastest"}, "Unknown routing policy"),
     (True, {"true_output_tokens": "-3"}, "non-negative integer"),
     (True, {"target_pool": "huge"}, "Unknown pool"),
+    (True, {"fixed_output_tokens": "0"}, "positive integer"),
+    (True, {"fixed_output_tokens": "ten"}, "positive integer"),
+    (False, {"fixed_output_tokens": "10"}, "benchmark headers are off"),
     (False, {"routing_policy": "oracle"}, "benchmark headers are off"),
     (False, {"true_output_tokens": "7"}, "benchmark headers are off"),
 ])

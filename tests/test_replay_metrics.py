@@ -80,6 +80,17 @@ def test_benchmark_headers_only_with_a_policy(monkeypatch):
     assert "X-True-Output-Tokens" not in benchmark_headers(_req(0, true=42), "ceiling")  # no median: nothing
 
 
+def test_a_fixed_length_trace_tells_the_engines_its_lengths_through_the_router_only():
+    from benchmarks.continuous.bursts import fixed_lengths
+
+    fixed = fixed_lengths([_req(0, true=42), _req(1, true=0)])
+    assert [r.fixed_tokens for r in fixed] == [42, 1]  # an empty answer cannot be forced: one token
+    assert benchmark_headers(fixed[0], "last_work")["X-Fixed-Output-Tokens"] == "42"
+    assert "min_tokens" not in str(fixed[0].body("m"))  # the body stays the client's own
+    with pytest.raises(ValueError, match="benchmark headers"):  # the stock app has no router to hold it
+        benchmark_headers(fixed[0], None)
+
+
 def test_records_round_trip(tmp_path):
     records = [_rec(0, 0, 1, 5), _rec(1, 0, 1, 5, status="failed", error="boom")]
     write_records(tmp_path / "r.jsonl", records[:1])

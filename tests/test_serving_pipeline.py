@@ -62,6 +62,26 @@ def test_a_request_with_a_free_slot_dispatches_at_once_and_completes():
     assert pipeline.scheduler.inflight(request.pool) == 0 and pipeline.predictor.waiting == 0
 
 
+def test_a_fixed_length_reaches_the_engine_and_not_the_routers_record():
+    """X-Fixed-Output-Tokens replays a known length as if the model chose it: the engine is held to
+    it (min_tokens = max_tokens), the router's record keeps the client's request, so the request
+    is ranked with no floor to read its length off."""
+    seen = []
+    pipeline, fake = _pipeline(tokens=lambda body: seen.append((body.min_tokens, body.max_tokens)) or body.max_tokens)
+
+    async def run(overrides):
+        served = await pipeline.serve(_body(max_tokens=1000), "chat", overrides)
+        served.answer.json()
+        return served.request
+
+    request = asyncio.run(run(Overrides(fixed_tokens=7)))
+    assert seen == [(7, 7)] and request.completion_tokens == 7
+    assert (request.max_tokens, request.min_tokens, request.floor_tokens()) == (1000, 0, 0)
+    with pytest.raises(APIError, match="over the request's max_tokens") as err:
+        asyncio.run(run(Overrides(fixed_tokens=1001)))
+    assert err.value.status == 400 and len(seen) == 1
+
+
 def test_waiting_requests_are_predicted_while_they_wait_and_leave_shortest_first():
     prompts = {"long one please": 700.0, "short": 10.0}
     lengths = {}

@@ -9,6 +9,8 @@
            3 interleaved repeats (~10 min a run); per-request records in benchmarks/results/runs/,
            resumable
   lean     the same burst, ray_default against last_work, with the lean predictor
+  fixed    the same burst with every answer held to its sample's length, the router not told:
+           the policies meet the same workload (default ray_default and last_work)
   early    the same burst, ray_default against early_work: the last token's head at layer 4 of 30
            (the prefill stops there), on a stack serving that head alone (--trace sharegpt: the
            ShareGPT burst)
@@ -181,6 +183,7 @@ def _write_runs(args) -> dict:
 
     real = table("dataset_burst", (*bursts.DATASET_POLICIES, bursts.HEAD_TOLD, bursts.STOCK), False)
     lean = table(bursts.LEAN, bursts.LEAN_POLICIES, False)
+    fixed = table(bursts.FIXED, bursts.DATASET_POLICIES, False)
     early = table(bursts.EARLY, bursts.EARLY_POLICIES, False)
     sharegpt_early = table(bursts.EARLY_SHAREGPT, bursts.EARLY_POLICIES, True)
     sharegpt = table("sharegpt_burst", ("ray_default", "last_work"), True)
@@ -190,6 +193,7 @@ def _write_runs(args) -> dict:
     loads = {k: {**v, "capacity_rps": bursts.measured_capacity()} for k, v in loads.items() if v}
     return _update(args.out, bursts={**current.get("bursts", {}), **({"real": real} if real else {}),
                                      **({"real_lean": lean} if lean else {}),
+                                     **({"real_fixed": fixed} if fixed else {}),
                                      **({"real_early": early} if early else {}),
                                      **({"sharegpt_early": sharegpt_early} if sharegpt_early else {}),
                                      **({"sharegpt": sharegpt} if sharegpt else {})},
@@ -218,6 +222,9 @@ def main(argv=None) -> None:
     b.add_argument("--policies", nargs="+", default=["ray_default", "last_work", "ceiling", "oracle_work"],
                    help="router policies, or last_told: last_work's order with its offline predictions told up front")
     ln = sub.add_parser("lean", help="the dataset burst, ray_default against last_work, with the lean predictor")
+    fx = sub.add_parser("fixed", help="the dataset burst, every answer held to its sample's length")
+    fx.add_argument("--policies", nargs="+", default=["ray_default", "last_work"],
+                    choices=["ray_default", "last_work", "ceiling", "oracle_work"])
     ea = sub.add_parser("early", help="the dataset burst, ray_default against early_work (the layer-4 head)")
     ea.add_argument("--trace", choices=["dataset", "sharegpt"], default="dataset")
     k = sub.add_parser("stock")
@@ -228,7 +235,7 @@ def main(argv=None) -> None:
     lo.add_argument("--arrivals", nargs="+", default=["poisson", "azure"])
     lo.add_argument("--shares", type=float, nargs="+", default=[0.95], help="of the capacity the bursts measured")
     lo.add_argument("--requests", type=int, default=300)
-    for sp in (b, ln, ea, k, g, lo):
+    for sp in (b, ln, fx, ea, k, g, lo):
         sp.add_argument("--repeats", type=int, default=3)
         sp.add_argument("--actors", type=int, default=2)
     sb = sub.add_parser("simburst")
@@ -236,7 +243,7 @@ def main(argv=None) -> None:
     sb.add_argument("--seeds", type=int, default=10)
     sb.add_argument("--workers", type=int, default=2)
     sub.add_parser("report")
-    for sp in (s, d, r, b, ln, ea, k, g, lo, sb):
+    for sp in (s, d, r, b, ln, fx, ea, k, g, lo, sb):
         sp.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     out = getattr(args, "out", RESULTS)
@@ -251,6 +258,12 @@ def main(argv=None) -> None:
 
         trace = bursts.dataset_burst()
         _runs(args, "dataset_burst", trace, args.policies, {bursts.HEAD_TOLD: bursts.told_head(trace)})
+        _write_runs(args)
+        return
+    if args.command == "fixed":
+        from benchmarks.continuous import bursts
+
+        _runs(args, bursts.FIXED, bursts.fixed_lengths(bursts.dataset_burst()), args.policies)
         _write_runs(args)
         return
     if args.command == "lean":

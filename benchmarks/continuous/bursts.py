@@ -13,6 +13,8 @@ a slow spell of the machine hits them alike.
   `last_work`;
 - the dataset burst again with the lean predictor (`last_work`), and with the early-exit head
   (`early_work`);
+- the dataset burst at fixed lengths: every answer held to its sample's length, the router not
+  told (X-Fixed-Output-Tokens), so the policies of one repeat serve the same workload;
 - Ray Serve LLM's own OpenAI app (`build_openai_app`) on the same burst, with the same two engines
   and settings, behind Ray's default router: what a user would pick instead;
 - ShareGPT burst: 128 of the developers' ShareGPT first turns the dataset never used;
@@ -49,6 +51,10 @@ LEAN_POLICIES = ("ray_default", "last_work")
 # ESTP's entropy and attention made each prediction 1.55x as costly as the last token's alone).
 EARLY = "dataset_burst_early"
 EARLY_SHAREGPT = "sharegpt_burst_early"  # the ShareGPT burst, the same two policies
+# The dataset burst with every answer held to the length the dataset's sample of it had (the
+# engines told, the router not): unseeded answers of one trace differ by up to 20% in tokens
+# between runs (56k to 68k), which moved the mean JCT of two policies as much as their order did.
+FIXED = "dataset_burst_fixed"
 EARLY_POLICIES = ("ray_default", "early_work")
 TOLD_AS = {HEAD_TOLD: "ceiling"}  # a run label -> the router policy it runs as
 
@@ -72,6 +78,11 @@ def dataset_burst(n: int = BURST, seed: int = 0) -> list[TraceRequest]:
     trace = build_trace(split=("val", "test"), n=n, arrival="poisson", rate=1.0, seed=seed,
                         max_tokens=BURST_MAX_TOKENS)
     return [r.model_copy(update={"arrival_s": 0.0}) for r in trace]
+
+
+def fixed_lengths(trace: list[TraceRequest]) -> list[TraceRequest]:
+    """Each answer held to its true length: the same workload whatever the order."""
+    return [r.model_copy(update={"fixed_tokens": max(1, r.true_output_tokens)}) for r in trace]
 
 
 def told_head(trace: list[TraceRequest], head: str = "last") -> list[TraceRequest]:

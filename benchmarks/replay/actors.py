@@ -71,8 +71,11 @@ def benchmark_headers(request: TraceRequest, policy: str | None, pool: str | Non
     """What the router's benchmark option reads; nothing at all without a policy. Known-length
     policies are told the true length, or the prompt's median for the ceiling. The benchmark key
     (api.auth) comes from LENGTHSERVE_BENCHMARK_KEY in this process's environment: the replay
-    actors inherit it from the cluster, RunningStack sets it for the stacks it starts."""
+    actors inherit it from the cluster, RunningStack sets it for the stacks it starts. A
+    fixed-length request says its length to the engines alone (X-Fixed-Output-Tokens)."""
     if policy is None:
+        if request.fixed_tokens is not None:
+            raise ValueError("a fixed-length trace needs the router's benchmark headers: name a policy")
         return {}
     headers = {"X-Routing-Policy": policy}
     if key := os.environ.get(BENCHMARK_KEY_ENV):
@@ -80,6 +83,8 @@ def benchmark_headers(request: TraceRequest, policy: str | None, pool: str | Non
     known = request.known_tokens(policy)
     if known is not None:
         headers["X-True-Output-Tokens"] = str(known)
+    if request.fixed_tokens is not None:
+        headers["X-Fixed-Output-Tokens"] = str(request.fixed_tokens)
     return headers | ({"X-Target-Pool": pool} if pool is not None else {})
 
 

@@ -44,6 +44,9 @@ class TraceRequest(BaseModel):
     max_tokens: int
     temperature: float = 0.7
     min_tokens: int | None = None  # vLLM's min_tokens: an answer of a fixed length (the speed probe)
+    # An answer of exactly this many tokens that the router is not told (X-Fixed-Output-Tokens):
+    # every policy then serves the same workload.
+    fixed_tokens: int | None = None
     true_output_tokens: int  # what the serving model produced for this prompt in the dataset
     prompt_tokens: int  # with the chat template, as the engine sees it
     # The median length of the prompt's *other* samples (capped like the true length), or None
