@@ -201,6 +201,10 @@ def test_benchmark_headers_choose_policy_and_head_per_request(stack, client):
     turns = [_post(stack, "/v1/chat/completions", _chat(stack, SHORT, max_tokens=2),
                    headers={**stack.client_headers, "X-Routing-Policy": "round_robin"}).headers["x-pool"] for _ in POOLS]
     assert sorted(turns) == sorted(POOLS)
+    # A fixed length reaches the engine: exactly that many tokens, whatever the model would say.
+    fixed = client.chat.completions.create(**_chat(stack, SHORT, max_tokens=50),
+                                           extra_headers={**stack.client_headers, "X-Fixed-Output-Tokens": "23"})
+    assert fixed.usage.completion_tokens == 23
     with pytest.raises(openai.BadRequestError, match="Unknown routing policy"):
         client.chat.completions.create(**_chat(stack, SHORT, max_tokens=2), extra_headers={**stack.client_headers, "X-Routing-Policy": "fast"})
 

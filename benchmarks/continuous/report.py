@@ -249,6 +249,13 @@ def _bursts_lines(bursts: dict) -> list[str]:
         "only: the last_work runs above were made with the predictor as it was, whose prefill of the burst's "
         "waiting prompts took 3x as long (predictor_levers.md).")
     lines += _rerun_lines(
+        "The same burst at fixed lengths", bursts.get("real_fixed"), "last_work",
+        "The dataset burst again, with every answer held to the length the dataset's sample of it had "
+        "(X-Fixed-Output-Tokens: the engines are told, the router is not, so last_work ranks each request as its "
+        "client sent it): the policies of a repeat serve one workload, where unseeded answers of the same trace "
+        "generated 56k to 68k tokens from run to run. The lean predictor serves the last head alone; "
+        "`oracle_work` is told the exact length.")
+    lines += _rerun_lines(
         "The same burst with the early-exit head", early, "early_work",
         "The dataset burst again, ray_default against early_work back to back: the last prompt token's state at "
         "layer 4 of the model's 30, so the predictor's prefill stops there (a seventh of its cost, "
