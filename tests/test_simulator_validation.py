@@ -163,3 +163,16 @@ def test_a_run_whose_router_turned_requests_away_is_not_replayed(tmp_path):
     (tmp_path / "w__ray_default__r1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in turned_away))
     runs = load_runs(tmp_path, tmp_path / "no_rollouts.jsonl")
     assert list(runs) == ["w/ray_default/r0"] and len(runs["w/ray_default/r0"].requests) == 4
+
+
+def test_the_validated_setup_reads_the_saved_fit_back(tmp_path):
+    """JSON keeps the probe sizes as strings; the fit read back prices the same probe."""
+    import json
+
+    from benchmarks.simulator.setup import validated_setup
+
+    saved = {"const": 0.5, "decode": 0.6, "prefill": 0.7, "delay_in_s": 0.8, "delay_out_s": 0.01, "predictor": 1.5,
+             "references": {"32": 0.4}}
+    (tmp_path / "v.json").write_text(json.dumps({"fit": saved}))
+    setup = validated_setup(validation=tmp_path / "v.json")
+    assert setup.validated and setup.delay_in_s == 0.8

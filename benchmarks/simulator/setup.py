@@ -151,7 +151,8 @@ def validated_setup(calibration: Path = CALIBRATION, validation: Path = VALIDATI
     setup = load_setup(calibration)
     if not validation.exists():
         return setup
-    fit = Fit(**json.loads(validation.read_text())["fit"])
+    saved = json.loads(validation.read_text())["fit"]
+    fit = Fit(**{**saved, "references": {int(size): step for size, step in saved.get("references", {}).items()}})
     return replace(setup, model=fit.model(setup.model), delay_in_s=fit.delay_in_s, delay_out_s=fit.delay_out_s,
                    validated=True)
 
