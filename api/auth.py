@@ -11,9 +11,8 @@ without a key learns nothing about what a valid body looks like. /health stays o
 The benchmark headers (X-Routing-Policy, X-True-Output-Tokens, X-Target-Pool, X-Predict,
 X-Fixed-Output-Tokens) steer routing: a client that may send them could claim its requests are
 0 tokens long and jump every queue. So they need a key of their own, `X-Benchmark-Key`, from
-`LENGTHSERVE_BENCHMARK_KEYS` or
-`LENGTHSERVE_BENCHMARK_KEY_FILE`; with `router.benchmark_headers: true` and no such key the
-router refuses to start.
+`LENGTHSERVE_BENCHMARK_KEYS` or `LENGTHSERVE_BENCHMARK_KEY_FILE`; with
+`router.benchmark_headers: true` and no such key the router refuses to start.
 """
 
 from __future__ import annotations

@@ -51,12 +51,12 @@ LEAN_POLICIES = ("ray_default", "last_work")
 # ESTP's entropy and attention made each prediction 1.55x as costly as the last token's alone).
 EARLY = "dataset_burst_early"
 EARLY_SHAREGPT = "sharegpt_burst_early"  # the ShareGPT burst, the same two policies
+EARLY_POLICIES = ("ray_default", "early_work")
+TOLD_AS = {HEAD_TOLD: "ceiling"}  # a run label -> the router policy it runs as
 # The dataset burst with every answer held to the length the dataset's sample of it had (the
 # engines told, the router not): unseeded answers of one trace differ by up to 20% in tokens
 # between runs (56k to 68k), which moved the mean JCT of two policies as much as their order did.
 FIXED = "dataset_burst_fixed"
-EARLY_POLICIES = ("ray_default", "early_work")
-TOLD_AS = {HEAD_TOLD: "ceiling"}  # a run label -> the router policy it runs as
 
 
 def stack_overrides(policies: list[str], request_log: Path) -> dict:
