@@ -18,12 +18,13 @@ def stack(tmp_path_factory):
     """The default application from ray_config.yaml, served over real HTTP.
 
     Benchmark headers are on, so the tests can ask for any policy per request; requests without
-    them take exactly the default path (policy last_work). The queue's aging bound is 5 s instead
-    of 300 s, so that a test can watch a long request age past short ones.
+    them take exactly the default path (policy last_work). The queue's aging bound is 20 s instead
+    of 300 s, so that a test can watch a long request age past short ones; shorter, a short
+    request's head start would be no longer than a loaded machine takes to carry it to the queue.
     """
     from tests.stack import RunningStack
 
-    overrides = {"router": {"benchmark_headers": True, "queue": {"max_overtake_s": 5}}}
+    overrides = {"router": {"benchmark_headers": True, "queue": {"max_overtake_s": 20}}}
     running = RunningStack(tmp_path_factory.mktemp("stack"), overrides).start()
     yield running
     running.stop()
