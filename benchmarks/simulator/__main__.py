@@ -60,7 +60,7 @@ def main() -> None:
     p.add_argument("--fit", nargs="+", default=["dataset_burst/*/r0", "rollout/*/r0", "load_*/ray_default/r0",
                                                 "dataset_burst_fixed/*/r0"],
                    help="the runs the step-time factors are fitted on (shell patterns); the rest are held out. "
-                        "The fixed-length pair ran on a machine 4x slower by its probe: without a probed run in "
+                        "The fixed-length pair ran on a machine 3-4x slower by its probe: without a probed run in "
                         "the fit, probed runs are timed against the model's own guess of the probe")
     p.add_argument("--out", type=Path, default=RESULTS)
     p = sub.add_parser("sweep", help="routing gains vs predictor accuracy -> simulator_accuracy_sweep.*")
