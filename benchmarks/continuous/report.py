@@ -159,12 +159,14 @@ def _cell(values: list[float], fmt: str = "{:.1f}") -> str:
 
 
 def _burst_table(block: dict) -> list[str]:
+    """Every policy that ran, with how many runs its cells summarise: a limit run once beside a
+    three-repeat comparison is still the limit, but not a spread."""
     repeats = block["repeats"]
-    policies = [p for p in repeats[0] if all(p in rep for rep in repeats)] or list(repeats[0])
-    lines = ["| policy | " + " | ".join(label for label, _ in BURST_COLUMNS) + " |",
-             "|---|" + "---|" * len(BURST_COLUMNS)]
+    policies = list(dict.fromkeys(p for rep in repeats for p in rep))
+    lines = ["| policy | runs | " + " | ".join(label for label, _ in BURST_COLUMNS) + " |",
+             "|---|---|" + "---|" * len(BURST_COLUMNS)]
     for p in policies:
-        cells = []
+        cells = [str(sum(p in rep for rep in repeats))]
         for _, key in BURST_COLUMNS:
             if key is None:
                 p50 = [r[p]["predictor_latency_p50_s"] for r in repeats if r.get(p, {}).get("predictor_latency_p50_s")]
@@ -254,7 +256,9 @@ def _bursts_lines(bursts: dict) -> list[str]:
         "(X-Fixed-Output-Tokens: the engines are told, the router is not, so last_work ranks each request as its "
         "client sent it): the policies of a repeat serve one workload, where unseeded answers of the same trace "
         "generated 56k to 68k tokens from run to run. The lean predictor serves the last head alone; "
-        "`oracle_work` is told the exact length.")
+        "`oracle_work` is told the exact length. `oracle_work` and `ceiling` ran once, in a later session than "
+        "the `ray_default` run set against them: their changes carry the machine's drift too (each run's speed "
+        "probe is in runs/<run>.probe.json).")
     lines += _rerun_lines(
         "The same burst with the early-exit head", early, "early_work",
         "The dataset burst again, ray_default against early_work back to back: the last prompt token's state at "
