@@ -112,3 +112,24 @@ def test_a_workloads_repeats_span_every_run_on_disk_not_the_commands_repeats(tmp
     assert bursts.repeats_on_disk("dataset_burst_early") == 5  # r4 of one policy: five slots
     assert bursts.repeats_on_disk("dataset_burst") == 3  # not dataset_burst_early's runs
     assert bursts.repeats_on_disk("sharegpt_burst") == 0
+
+
+def test_a_loads_capacity_is_probed_once_and_every_later_repeat_replays_the_same_trace(tmp_path, monkeypatch):
+    from benchmarks.continuous import bursts
+
+    monkeypatch.setattr(bursts, "RUNS", tmp_path)
+    monkeypatch.setattr(bursts, "capacity_per_step", lambda: 0.04)
+    probes = []
+
+    def probe():
+        probes.append(1)
+        return 0.4 if len(probes) == 1 else 0.2  # the machine twice as fast at a later session's probe
+
+    first = bursts.load_trace("load_fixed_poisson@0.95", "poisson", 0.95, 20, probe)
+    again = bursts.load_trace("load_fixed_poisson@0.95", "poisson", 0.95, 20, probe)
+    assert len(probes) == 1 and first == again
+    assert first[-1].arrival_s > 0 and all(r.fixed_tokens == max(1, r.true_output_tokens) for r in first)
+    kept = bursts.kept_capacity("load_fixed_poisson@0.95")
+    assert kept["capacity_rps"] == pytest.approx(0.1) and kept["probe_step_s"] == 0.4 and kept["capacity_from"] == "probe"
+    with pytest.raises(ValueError, match="20 requests"):
+        bursts.load_trace("load_fixed_poisson@0.95", "poisson", 0.95, 30, probe)

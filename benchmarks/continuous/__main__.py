@@ -17,8 +17,9 @@
   stock    the same burst on Ray Serve LLM's own OpenAI app with the same engines (its own process:
            one Ray driver per cluster)
   sharegpt the same with 128 held-out ShareGPT prompts: ray_default against last_work
-  load     300 val/test requests arriving at a share of the capacity the bursts measured (Poisson,
-           Azure-like): ray_default against last_work, 3 interleaved repeats, resumable
+  load     300 val/test requests at fixed lengths arriving at a share of the session's capacity
+           (a probe scales the fixed bursts' capacity; Poisson, Azure-like): ray_default against
+           last_work, 3 interleaved repeats, resumable (the trace's capacity is kept beside its runs)
   simburst the simulator, validated against the real runs, on bursts of 4x the slots at 2, 4, 10
            and 100 replicas (10 seeds each)
   report   rebuild continuous.{md,png} from continuous.json
@@ -95,7 +96,9 @@ def _runs(args, name: str, trace, policies: list[str], traces: dict | None = Non
     """Each repeat's policies back to back on one default stack (benchmark headers, request log on,
     the heads of these policies only);
     runs already on disk are skipped; continuous.json's bursts are rewritten after every run.
-    `traces`: a run label's own trace, run as the router policy bursts.TOLD_AS names."""
+    `trace`: the requests, or a function of the running stack's (base_url, actors) that makes them
+    (a load's rate needs the machine probed); `traces`: a run label's own trace, run as the router
+    policy bursts.TOLD_AS names."""
     from benchmarks.continuous import bursts
     from benchmarks.replay.__main__ import drain
     from benchmarks.replay.actors import connect, spawn_actors
@@ -111,6 +114,8 @@ def _runs(args, name: str, trace, policies: list[str], traces: dict | None = Non
             os.environ["RAY_ADDRESS"] = "auto"
             connect()
             actors = spawn_actors(stack.base_url, args.actors, bursts.RUN_TIMEOUT_S)
+            if callable(trace):
+                trace = trace(stack.base_url, actors)
             for k, policy in todo:
                 drain(stack.base_url)
                 execute(f"{name}/{policy}/r{k}", stack.base_url, actors, (traces or {}).get(policy, trace),
@@ -190,7 +195,7 @@ def _write_runs(args) -> dict:
     current = parts_file.load(args.out, "continuous")
     loads = {name.removeprefix("load_"): table(name, ("ray_default", "last_work", "estp_work"), False)
              for name in bursts.run_names("load_")}
-    loads = {k: {**v, "capacity_rps": bursts.measured_capacity()} for k, v in loads.items() if v}
+    loads = {k: {**v, **bursts.kept_capacity(f"load_{k}")} for k, v in loads.items() if v}
     return _update(args.out, bursts={**current.get("bursts", {}), **({"real": real} if real else {}),
                                      **({"real_lean": lean} if lean else {}),
                                      **({"real_fixed": fixed} if fixed else {}),
@@ -233,7 +238,7 @@ def main(argv=None) -> None:
     lo = sub.add_parser("load")
     lo.add_argument("--policies", nargs="+", default=["ray_default", "last_work"])
     lo.add_argument("--arrivals", nargs="+", default=["poisson", "azure"])
-    lo.add_argument("--shares", type=float, nargs="+", default=[0.95], help="of the capacity the bursts measured")
+    lo.add_argument("--shares", type=float, nargs="+", default=[0.95], help="of the capacity at the session's probe")
     lo.add_argument("--requests", type=int, default=300)
     for sp in (b, ln, fx, ea, k, g, lo):
         sp.add_argument("--repeats", type=int, default=3)
@@ -294,11 +299,18 @@ def main(argv=None) -> None:
     if args.command == "load":
         from benchmarks.continuous import bursts
 
-        capacity = bursts.measured_capacity()
+        from benchmarks.replay.actors import START_LEAD_S
+        from benchmarks.replay.probe import measure
+
         for share in args.shares:
             for process in args.arrivals:
-                trace = bursts.arrivals(bursts.dataset_burst(args.requests), process, share * capacity)
-                _runs(args, f"load_{process}@{share:g}", trace, args.policies)
+                name = f"{bursts.LOAD_FIXED}_{process}@{share:g}"
+
+                def trace(base_url, actors, name=name, process=process, share=share):
+                    step = lambda: measure(base_url, actors, f"{name}/capacity", START_LEAD_S)["step_s"]
+                    return bursts.load_trace(name, process, share, args.requests, step)
+
+                _runs(args, name, trace, args.policies)
         _write_runs(args)
         return
     from benchmarks.simulator.setup import validated_setup

@@ -18,16 +18,21 @@ a slow spell of the machine hits them alike.
 - Ray Serve LLM's own OpenAI app (`build_openai_app`) on the same burst, with the same two engines
   and settings, behind Ray's default router: what a user would pick instead;
 - ShareGPT burst: 128 of the developers' ShareGPT first turns the dataset never used;
-- continuous load: Poisson and Azure-like arrivals at a share of the measured capacity.
+- continuous load: Poisson and Azure-like arrivals at a share of the measured capacity, every
+  answer held to its sample's length; the capacity is the session's own (a probe of the machine
+  scales the fixed-length bursts' capacity), kept beside the runs so each repeat replays one trace.
 """
 
 from __future__ import annotations
 
+import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.replay.probe import read_probe
 from benchmarks.replay.runs import RUNS, RunRecord, read_run, run_path
 from benchmarks.replay.trace import TraceRequest, arrival_times, build_trace
 from deployments.engine_pool import llm_config
@@ -57,6 +62,9 @@ TOLD_AS = {HEAD_TOLD: "ceiling"}  # a run label -> the router policy it runs as
 # engines told, the router not): unseeded answers of one trace differ by up to 20% in tokens
 # between runs (56k to 68k), which moved the mean JCT of two policies as much as their order did.
 FIXED = "dataset_burst_fixed"
+# Continuous load at fixed lengths (workloads load_fixed_<arrivals>@<share>): the same workload for
+# every policy, and a capacity the fixed bursts measured.
+LOAD_FIXED = "load_fixed"
 
 
 def stack_overrides(policies: list[str], request_log: Path) -> dict:
@@ -117,6 +125,50 @@ def measured_capacity() -> float:
     if not runs:
         raise FileNotFoundError("no dataset burst of ray_default yet: run `python -m benchmarks.continuous burst` first")
     return float(np.mean([capacity_rps(read_run(run)) for run in runs]))
+
+
+def capacity_per_step() -> float:
+    """The fixed-length burst's capacity of `ray_default` times its probe's step time (requests/s x
+    s): the capacity of a machine whose probe steps in 1 s. The median over the probed runs: on this
+    workload a 2-3x slower machine's capacity follows its probe to within 15% (0.034-0.046)."""
+    values = [capacity_rps(read_run(run)) * probe.step_s
+              for k in range(repeats_on_disk(FIXED))
+              if (path := run_path(run := f"{FIXED}/ray_default/r{k}")).exists() and (probe := read_probe(path))]
+    if not values:
+        raise FileNotFoundError(f"no probed {FIXED} run of ray_default yet: run `python -m benchmarks.continuous fixed`")
+    return float(np.median(values))
+
+
+def load_capacity(name: str, requests: int, probe_step_s: Callable[[], float]) -> dict:
+    """The capacity (requests/s) a load workload's arrivals are scaled to. Machines differ 2-3x
+    between sessions, so a capacity measured in another session would make 95% an overload or a
+    calm: the workload's first run probes the machine, and the capacity is kept beside its runs
+    (runs/<name>.capacity.json), so later repeats, in any session, replay the same trace."""
+    path = RUNS / f"{name}.capacity.json"
+    if path.exists():
+        kept = json.loads(path.read_text())
+        if kept["requests"] != requests:
+            raise ValueError(f"{name} ran with {kept['requests']} requests, not {requests}: its trace must not change")
+        return kept
+    step = probe_step_s()
+    kept = {"capacity_rps": capacity_per_step() / step, "probe_step_s": step, "requests": requests}
+    path.write_text(json.dumps(kept) + "\n")
+    return kept
+
+
+def load_trace(name: str, process: str, share: float, requests: int, probe_step_s: Callable[[], float]) -> list[TraceRequest]:
+    """`requests` val/test requests at fixed lengths, arriving at `share` of the session's capacity."""
+    capacity = load_capacity(name, requests, probe_step_s)["capacity_rps"]
+    return fixed_lengths(arrivals(dataset_burst(requests), process, share * capacity))
+
+
+def kept_capacity(name: str) -> dict:
+    """A load workload's capacity: its own (fixed-length loads), else the older loads' mean over the
+    length-blind bursts (those ran unprobed, in the bursts' sessions)."""
+    path = RUNS / f"{name}.capacity.json"
+    if path.exists():
+        return {**json.loads(path.read_text()), "capacity_from": "probe"}
+    return {"capacity_rps": measured_capacity(), "capacity_from": "bursts"}
 
 
 def repeats_on_disk(name: str) -> int:

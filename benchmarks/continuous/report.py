@@ -107,9 +107,15 @@ def _load_lines(real: dict) -> list[str]:
     lines = []
     for workload, block in real.items():
         arrival, share = workload.split("@")
-        lines += [f"## Continuous load on the real stack: {arrival} arrivals at {float(share):.0%} of capacity", "",
-                  f"{block['requests']} of the dataset's val and test requests, arriving at {float(share):.0%} of the "
-                  f"capacity the length-blind bursts measured ({block['capacity_rps']:.3f} requests/s); "
+        fixed = arrival.startswith("fixed_")
+        measured = (f"the session's capacity: the fixed-length bursts' capacity scaled by a probe of the machine "
+                    f"(step {block['probe_step_s']:.3f} s)" if block.get("capacity_from") == "probe"
+                    else "the capacity the length-blind bursts measured, in their sessions")
+        held = ", every answer held to its sample's length" if fixed else ""
+        lines += [f"## Continuous load on the real stack: {arrival.removeprefix('fixed_')} arrivals at "
+                  f"{float(share):.0%} of capacity{', fixed lengths' if fixed else ''}", "",
+                  f"{block['requests']} of the dataset's val and test requests{held}, arriving at "
+                  f"{float(share):.0%} of {measured} ({block['capacity_rps']:.3f} requests/s); "
                   f"{len(block['repeats'])} repeats, policies back to back; failed or lost: {block['lost_requests']}.",
                   ""] + _burst_table(block) + _changes(block) + [""]
     return lines
