@@ -181,7 +181,7 @@ def _write_runs(args) -> dict:
             return None
         changes = {p: {m: bursts.spread(repeats, p, m) for m in ("mean_jct_s", "short_p99_jct_s", "p99_jct_s",
                                                                   "mean_ttft_s", "throughput_tok_s")}
-                   for p in policies if p != "ray_default"}
+                   for p in policies if p != "ray_default" and any(p in rep for rep in repeats)}
         return {"requests": sum(rep[p]["completed"] + rep[p]["failed"] for p in rep) // len(rep)
                 if (rep := repeats[0]) else 0, "repeats": repeats, "changes_vs_ray_default": changes,
                 "lost_requests": sum(rep[p]["failed"] for rep in repeats for p in rep)}
