@@ -57,7 +57,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     sub.add_parser("calibrate", help="measure vLLM step times, fit the step-time model")
     p = sub.add_parser("validate", help="the simulator against the real runs -> simulator_validation.*")
-    p.add_argument("--fit", nargs="+", default=["dataset_burst/*/r0", "rollout/*/r0", "load_*/ray_default/r0",
+    p.add_argument("--fit", nargs="+", default=["dataset_burst/*/r0", "rollout/*/r0", "load_poisson@0.8/ray_default/r0",
                                                 "dataset_burst_fixed/ray_default/r0", "dataset_burst_fixed/last_work/r0"],
                    help="the runs the step-time factors are fitted on (shell patterns); the rest are held out. "
                         "The fixed-length pair ran on a machine 3-4x slower by its probe: without a probed run in "
