@@ -36,6 +36,7 @@ import argparse
 import os
 import tempfile
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 from benchmarks import parts as parts_file
@@ -150,6 +151,16 @@ def _stock(args, name: str, trace) -> None:
             execute(f"{name}/{bursts.STOCK}/r{k}", stack.base_url, actors, trace, None, None, label=bursts.STOCK)
             _write_runs(args)
         ray.shutdown()
+
+
+def _probed_load(name: str, process: str, share: float, requests: int, base_url: str, actors: list) -> list:
+    """A load workload's trace on the running stack: its first run probes the machine for the capacity."""
+    from benchmarks.continuous import bursts
+    from benchmarks.replay.actors import START_LEAD_S
+    from benchmarks.replay.probe import measure
+
+    probe = lambda: measure(base_url, actors, f"{name}/capacity", START_LEAD_S)["step_s"]
+    return bursts.load_trace(name, process, share, requests, probe)
 
 
 def _sharegpt_burst():
@@ -299,18 +310,10 @@ def main(argv=None) -> None:
     if args.command == "load":
         from benchmarks.continuous import bursts
 
-        from benchmarks.replay.actors import START_LEAD_S
-        from benchmarks.replay.probe import measure
-
         for share in args.shares:
             for process in args.arrivals:
                 name = f"{bursts.LOAD_FIXED}_{process}@{share:g}"
-
-                def trace(base_url, actors, name=name, process=process, share=share):
-                    step = lambda: measure(base_url, actors, f"{name}/capacity", START_LEAD_S)["step_s"]
-                    return bursts.load_trace(name, process, share, args.requests, step)
-
-                _runs(args, name, trace, args.policies)
+                _runs(args, name, partial(_probed_load, name, process, share, args.requests), args.policies)
         _write_runs(args)
         return
     from benchmarks.simulator.setup import validated_setup

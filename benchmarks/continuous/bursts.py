@@ -144,7 +144,7 @@ def load_capacity(name: str, requests: int, probe_step_s: Callable[[], float]) -
     between sessions, so a capacity measured in another session would make 95% an overload or a
     calm: the workload's first run probes the machine, and the capacity is kept beside its runs
     (runs/<name>.capacity.json), so later repeats, in any session, replay the same trace."""
-    path = RUNS / f"{name}.capacity.json"
+    path = _capacity_path(name)
     if path.exists():
         kept = json.loads(path.read_text())
         if kept["requests"] != requests:
@@ -165,10 +165,14 @@ def load_trace(name: str, process: str, share: float, requests: int, probe_step_
 def kept_capacity(name: str) -> dict:
     """A load workload's capacity: its own (fixed-length loads), else the older loads' mean over the
     length-blind bursts (those ran unprobed, in the bursts' sessions)."""
-    path = RUNS / f"{name}.capacity.json"
+    path = _capacity_path(name)
     if path.exists():
         return {**json.loads(path.read_text()), "capacity_from": "probe"}
     return {"capacity_rps": measured_capacity(), "capacity_from": "bursts"}
+
+
+def _capacity_path(name: str) -> Path:
+    return RUNS / f"{name}.capacity.json"
 
 
 def repeats_on_disk(name: str) -> int:
