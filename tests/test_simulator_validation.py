@@ -1,8 +1,10 @@
 """The validation's judgements: the noise floor of single real runs and the sign check (pure maths)."""
 
+import numpy as np
 import pytest
 
-from benchmarks.simulator.validation import AGGREGATES, merged, noise_floor, sign_agreement
+from benchmarks.simulator.validation import (AGGREGATES, decoding_per_engine, merged, noise_floor, sign_agreement,
+                                             tpot_by_batch)
 
 
 def _run(jct: float) -> dict:
@@ -176,3 +178,17 @@ def test_the_validated_setup_reads_the_saved_fit_back(tmp_path):
     (tmp_path / "v.json").write_text(json.dumps({"fit": saved}))
     setup = validated_setup(validation=tmp_path / "v.json")
     assert setup.validated and setup.delay_in_s == 0.8
+
+
+def test_the_decoding_batch_is_the_runs_decode_time_over_its_span_per_engine():
+    first, finish = np.array([0.0, 0.0, 5.0]), np.array([10.0, 5.0, 10.0])  # 20 s of decoding in 10 s
+    assert decoding_per_engine(first, finish, replicas=2) == pytest.approx(1.0)
+    assert decoding_per_engine(first, finish, replicas=1) == pytest.approx(2.0)
+
+
+def test_tpot_errors_are_split_into_full_and_partial_batch_runs():
+    run = lambda batch, err: {"decoding_per_engine": batch, "per_request": {"tpot": {"signed_median": err}}}
+    compared = {"burst": run(15.0, 0.02), "calm": run(3.0, 0.4), "half": run(8.0, 0.3), "fit": run(2.0, -0.9)}
+    bands = tpot_by_batch(compared, ["burst", "calm", "half"])
+    assert bands["full"] == {"runs": 1, "signed_median": pytest.approx(0.02)}
+    assert bands["partial"] == {"runs": 2, "signed_median": pytest.approx(0.35)}

@@ -169,10 +169,18 @@ def compare(run: Run, setup: Setup, fit: Fit, replicas: int = 2, per_replica: in
     for name, r, s in (("jct", run.finish - run.arrival, finish - run.arrival),
                        ("ttft", run.first_token - run.arrival, first - run.arrival),
                        ("tpot", _tpot(run.first_token, run.finish, run.output), _tpot(first, finish, run.output))):
-        rel = np.abs(s - r) / np.maximum(r, 1e-3)
-        per_request[name] = {"median": float(np.median(rel)), "p90": float(np.percentile(rel, 90))}
+        signed = (s - r) / np.maximum(r, 1e-3)
+        per_request[name] = {"median": float(np.median(np.abs(signed))), "p90": float(np.percentile(np.abs(signed), 90)),
+                             "signed_median": float(np.median(signed))}
     return {"requests": len(run.requests), "real": real, "simulated": sim,
-            "error": {k: sim[k] / real[k] - 1 for k in AGGREGATES}, "per_request": per_request}
+            "error": {k: sim[k] / real[k] - 1 for k in AGGREGATES}, "per_request": per_request,
+            "decoding_per_engine": decoding_per_engine(run.first_token, run.finish, replicas)}
+
+
+def decoding_per_engine(first: np.ndarray, finish: np.ndarray, replicas: int) -> float:
+    """How many requests an engine decoded at once on average over the run (Little's law on the
+    decode phase): where the step-time model errs depends on it, since the factors are global."""
+    return float((finish - first).sum() / (finish.max() - first.min()) / replicas)
 
 
 def probe_step_s(setup: Setup, fit: Fit, prompt_tokens: int, size: int) -> float:
@@ -324,18 +332,23 @@ def markdown(result: dict) -> str:
     sa = result["sign_agreement"]
     lines += ["", f"Sign of every policy difference the real runs resolve beyond their repeats' spread (all "
               f"repeats, fit runs too: the fit sets three global factors, no policy's difference): "
-              f"{sa['agree']} of {sa['of']} agree.", "",
+              f"{sa['agree']} of {sa['of']} agree.", ""]
+    full, partial = result["tpot_by_batch"]["full"], result["tpot_by_batch"]["partial"]
+    lines += [f"Time per output token by batch, held-out runs (median of each run's median signed error): "
+              f"{full['runs']} runs decoding {FULL_BATCH} or more requests per engine {_pct(full['signed_median'])}, "
+              f"{partial['runs']} runs decoding fewer {_pct(partial['signed_median'])}.", "",
               "## Per run", "",
               "| run | set | requests | mean JCT real / sim | p99 JCT | mean TTFT | tok/s | makespan | "
-              "JCT error p50 / p90 | TTFT error p50 / p90 | TPOT error p50 / p90 |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "JCT error p50 / p90 | TTFT error p50 / p90 | TPOT error p50 / p90 | decoding per engine | "
+              "TPOT signed p50 |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, c in result["runs"].items():
         r, s, pr = c["real"], c["simulated"], c["per_request"]
         pair = lambda k: f"{r[k]:.1f} / {s[k]:.1f}"
         lines.append(f"| {name} | {c['set']} | {c['requests']} | {pair('mean_jct_s')} | {pair('p99_jct_s')} | "
                      f"{pair('mean_ttft_s')} | {pair('throughput_tok_s')} | {pair('makespan_s')} | "
                      + " | ".join(f"{100 * pr[k]['median']:.0f}% / {100 * pr[k]['p90']:.0f}%" for k in ("jct", "ttft", "tpot"))
-                     + " |")
+                     + f" | {c['decoding_per_engine']:.1f} | {_pct(pr['tpot']['signed_median'])} |")
     lines += ["", "## Policy differences (mean JCT against ray_default)", "",
               "Real and simulated: each policy's runs against ray_default's runs of the same repeat (two "
               "workloads: every generation is a fresh draw). Same workload: each of the policy's runs "
@@ -367,8 +380,23 @@ def summary_json(fit: Fit, fit_runs: list[str], held_out: list[str], compared: d
             # machines: what the probe buys.
             "probed_held_out_runs": probed, "aggregate_probed": aggregate(compared, probed) if probed else None,
             "aggregate_probed_unscaled": aggregate(unscaled, probed) if probed else None,
-            "sign_agreement": agreement, "noise_floor": noise,
+            "sign_agreement": agreement, "noise_floor": noise, "tpot_by_batch": tpot_by_batch(compared, held_out),
             "runs": {n: {**c, "set": "fit" if n in fit_runs else "held out"} for n, c in compared.items()}}
+
+
+FULL_BATCH = 12  # requests decoding per engine (of 16 slots) from which a run counts as a full-batch run
+
+
+def tpot_by_batch(compared: dict[str, dict], names: list[str]) -> dict:
+    """The held-out runs' median signed TPOT error, for runs that decoded at full batches and for
+    those that did not: the step-time factors are global, so an error that depends on the batch
+    shows here and not in the aggregate."""
+    out = {}
+    for band, keep in (("full", lambda b: b >= FULL_BATCH), ("partial", lambda b: b < FULL_BATCH)):
+        errors = [compared[n]["per_request"]["tpot"]["signed_median"] for n in names
+                  if keep(compared[n]["decoding_per_engine"])]
+        out[band] = {"runs": len(errors), "signed_median": float(np.median(errors)) if errors else None}
+    return out
 
 
 def load_runs(runs_dir: Path, rollout_records: Path) -> dict[str, Run]:
