@@ -36,3 +36,11 @@ def test_a_run_made_before_probing_has_no_probe(tmp_path):
     assert read_probe(run_file) is None
     probe_path(run_file).write_text(json.dumps({"step_s": 0.12, "requests": 16, "tokens": 64}))
     assert probe_path(run_file).name == "w__p__r0.probe.json" and read_probe(run_file) == Probe(16, 0.12)
+
+
+def test_a_run_probed_before_and_after_is_timed_at_the_mean_of_both(tmp_path):
+    run_file = tmp_path / "w__p__r0.jsonl"
+    probe_path(run_file).write_text(json.dumps({"step_s": 0.6, "requests": 32, "tokens": 64, "after_step_s": 0.4}))
+    probe = read_probe(run_file)
+    assert probe == Probe(32, 0.6, 0.4) and probe.run_step_s == pytest.approx(0.5)
+    assert Probe(32, 0.6).run_step_s == 0.6  # probed only before: that reading

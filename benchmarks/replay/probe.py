@@ -4,9 +4,11 @@ Sessions get machines whose speed differs by up to 2-3x (docs/benchmarks.md, the
 step-time factors fitted on one session's runs mistime another's runs by more than any policy
 moves them. Before each run a fixed probe goes through the serving path as deployed (HTTP, the
 router, both engines): PROBE_REQUESTS requests at once, each made to answer exactly PROBE_TOKENS
-tokens, and the median time between a request's tokens is the run's step time. The simulator's
-validation times the same probe with its fitted model (the fit runs' machines) and scales a
-probed run's steps by its probe against that.
+tokens, and the median time between a request's tokens is the run's step time. The same probe
+runs again after the run: the machine drifts within a 30-minute run (a 105% load run probed 59%
+slower than its pair before it started, then delivered more tokens a second), and the mean of the
+two readings times the run. The simulator's validation times the same probe with its fitted model
+(the fit runs' machines) and scales a probed run's steps by its probe against that.
 """
 
 from __future__ import annotations
@@ -32,10 +34,17 @@ PROBE_MESSAGES = [{"role": "user", "content": "Write a long story about a lighth
 
 @dataclass(frozen=True)
 class Probe:
-    """What a run's probe measured: `requests` at once, `step_s` between a request's tokens."""
+    """What a run's probe measured: `requests` at once, `step_s` between a request's tokens before
+    the run, `after_s` after it (None: a run probed only before)."""
 
     requests: int
     step_s: float
+    after_s: float | None = None
+
+    @property
+    def run_step_s(self) -> float:
+        """The machine's step over the run: the mean of the readings it has."""
+        return self.step_s if self.after_s is None else (self.step_s + self.after_s) / 2
 
 
 def probe_trace(run: str) -> list[TraceRequest]:
@@ -80,4 +89,4 @@ def read_probe(run_file: Path) -> Probe | None:
     if not path.exists():
         return None
     probe = json.loads(path.read_text())
-    return Probe(probe["requests"], probe["step_s"])
+    return Probe(probe["requests"], probe["step_s"], probe.get("after_step_s"))

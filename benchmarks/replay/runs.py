@@ -101,7 +101,8 @@ def execute(run: str, base_url: str, actors: list, trace: list[TraceRequest], po
     """Replay `trace` open-loop (a burst: every arrival 0) and write the run's joined records."""
     path = run_path(run, out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    probe_path(path).write_text(json.dumps(measure(base_url, actors, run, START_LEAD_S)) + "\n")
+    probe = measure(base_url, actors, run, START_LEAD_S)
+    probe_path(path).write_text(json.dumps(probe) + "\n")
     trace = [r.model_copy(update={"request_id": f"{run}:{r.request_id}"}) for r in trace]  # unique per run
     seen = _log_lines(router_log)
     t0 = time.time() + START_LEAD_S
@@ -111,6 +112,8 @@ def execute(run: str, base_url: str, actors: list, trace: list[TraceRequest], po
     log = _log_lines(router_log)[len(seen):] if router_log is not None else []
     joined = join(run, trace, records, [json.loads(line) for line in log], t0)
     path.write_text("".join(r.model_dump_json() + "\n" for r in joined))
+    after = measure(base_url, actors, f"{run}/after", START_LEAD_S)["step_s"]
+    probe_path(path).write_text(json.dumps({**probe, "after_step_s": after}) + "\n")
     return joined
 
 

@@ -16,8 +16,9 @@ in-process, scaled by what the deployed serving path adds, fitted on some runs:
   cores (when it did is each run's record: from a request reaching the router to its prediction
   landing). Set, not fitted: three busy threads on two cores make it 1.5. Fitted on the one fit
   run that has the predictor it came out 2.43 and doubled the held-out runs' last_work loss;
-- the machine: sessions get machines up to 2-3x apart in speed. A run probed before it started
-  (benchmarks.replay.probe) is timed at its probed step time against the same probe (as many
+- the machine: sessions get machines up to 2-3x apart in speed. A probed run (benchmarks.replay.probe:
+  before it started, and after it in later runs) is timed at its probed step time (the mean of
+  its readings) against the same probe (as many
   requests at once) simulated with the fitted factors (what the probe would have measured on the
   fit runs' machines); runs made before runs were probed are timed at the fit's speed.
 Prefix-cache hits are the engine model's (a rollout's samples share their prompt).
@@ -65,7 +66,7 @@ class Fit:
 
     def model(self, base: StepTimeModel, probe: Probe | None = None) -> StepTimeModel:
         """The calibrated model with the fitted factors, on a run's machine when it was probed."""
-        speed = probe.step_s / self.references[probe.requests] if probe and probe.requests in self.references else 1.0
+        speed = probe.run_step_s / self.references[probe.requests] if probe and probe.requests in self.references else 1.0
         return StepTimeModel(const=base.const * self.const * speed, decode_seqs=base.decode_seqs * self.decode * speed,
                              prefill_tokens=base.prefill_tokens * self.prefill * speed,
                              kv_tokens=base.kv_tokens * self.decode * speed)
