@@ -49,6 +49,7 @@ from scheduling.request import Prediction, Request
 
 PREDICTOR_SLOWDOWN = 1.5  # two engines and the predictor, one thread each, on two cores
 AGGREGATES = ("mean_jct_s", "p99_jct_s", "mean_ttft_s", "throughput_tok_s", "makespan_s")
+FULL_BATCH = 12  # requests decoding per engine (of 16 slots) from which a run counts as a full-batch run
 
 
 @dataclass(frozen=True)
@@ -383,9 +384,6 @@ def summary_json(fit: Fit, fit_runs: list[str], held_out: list[str], compared: d
             "aggregate_probed_unscaled": aggregate(unscaled, probed) if probed else None,
             "sign_agreement": agreement, "noise_floor": noise, "tpot_by_batch": tpot_by_batch(compared, held_out),
             "runs": {n: {**c, "set": "fit" if n in fit_runs else "held out"} for n, c in compared.items()}}
-
-
-FULL_BATCH = 12  # requests decoding per engine (of 16 slots) from which a run counts as a full-batch run
 
 
 def tpot_by_batch(compared: dict[str, dict], names: list[str]) -> dict:
