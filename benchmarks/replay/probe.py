@@ -35,16 +35,16 @@ PROBE_MESSAGES = [{"role": "user", "content": "Write a long story about a lighth
 @dataclass(frozen=True)
 class Probe:
     """What a run's probe measured: `requests` at once, `step_s` between a request's tokens before
-    the run, `after_s` after it (None: a run probed only before)."""
+    the run, `after_step_s` after it (None: a run probed only before)."""
 
     requests: int
     step_s: float
-    after_s: float | None = None
+    after_step_s: float | None = None
 
     @property
     def run_step_s(self) -> float:
         """The machine's step over the run: the mean of the readings it has."""
-        return self.step_s if self.after_s is None else (self.step_s + self.after_s) / 2
+        return self.step_s if self.after_step_s is None else (self.step_s + self.after_step_s) / 2
 
 
 def probe_trace(run: str) -> list[TraceRequest]:

@@ -102,7 +102,7 @@ def execute(run: str, base_url: str, actors: list, trace: list[TraceRequest], po
     path = run_path(run, out)
     path.parent.mkdir(parents=True, exist_ok=True)
     probe = measure(base_url, actors, run, START_LEAD_S)
-    probe_path(path).write_text(json.dumps(probe) + "\n")
+    probe_path(path).write_text(json.dumps(probe) + "\n")  # kept if the probe after the run fails
     trace = [r.model_copy(update={"request_id": f"{run}:{r.request_id}"}) for r in trace]  # unique per run
     seen = _log_lines(router_log)
     t0 = time.time() + START_LEAD_S
