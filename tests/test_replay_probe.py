@@ -44,3 +44,15 @@ def test_a_run_probed_before_and_after_is_timed_at_the_mean_of_both(tmp_path):
     probe = read_probe(run_file)
     assert probe == Probe(32, 0.6, 0.4) and probe.run_step_s == pytest.approx(0.5)
     assert Probe(32, 0.6).run_step_s == 0.6  # probed only before: that reading
+
+
+def test_a_run_probed_at_two_sizes_keeps_both_readings_before_and_after(tmp_path):
+    run_file = tmp_path / "w__p__r0.jsonl"
+    probe_path(run_file).write_text(json.dumps({"step_s": 0.6, "requests": 32, "tokens": 64, "after_step_s": 0.4,
+                                                "small_step_s": 0.3, "small_requests": 8,
+                                                "after_small_step_s": 0.2}))
+    probe = read_probe(run_file)
+    assert probe == Probe(32, 0.6, 0.4, 8, 0.3, 0.2)
+    assert probe.run_step_s == pytest.approx(0.5) and probe.run_small_step_s == pytest.approx(0.25)
+    assert Probe(32, 0.6).run_small_step_s is None
+    assert len({r.request_id for r in probe_trace("w/p/r0") + probe_trace("w/p/r0/small", 8)}) == PROBE_REQUESTS + 8

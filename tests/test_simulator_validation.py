@@ -127,6 +127,28 @@ def test_a_run_probed_slower_than_the_fit_runs_is_timed_that_much_slower():
     assert fit.references[32] > fit.references[16]  # more sequences a step: a longer step
 
 
+def test_a_machine_probed_at_two_sizes_is_split_into_fixed_cost_and_per_sequence_work():
+    """A machine slower only on the fixed cost slows the small probe more than the full one, and the
+    split gives back 3x on the fixed cost and 1x on the work; an even slowdown is the one-size factor."""
+    from benchmarks.replay.probe import Probe
+    from benchmarks.simulator.setup import load_setup
+    from benchmarks.simulator.validation import Fit
+
+    base = load_setup().model
+    fit = Fit(0.8, 0.4, 0.5, references={8: 0.05, 32: 0.08}, probe_prompt_tokens=40)
+    step = lambda model, requests: model.step(requests / 2, 0, requests / 2 * (40 + 32))
+    fast, slow = fit.model(base), fit.model(base, Probe(32, 0.16, None, 8, 0.10))
+    assert fit.machine(base, Probe(32, 0.16, None, 8, 0.10)) == pytest.approx((2.0, 2.0))  # evenly 2x slower
+    # A machine whose fixed cost is 3x and whose work is unchanged, as its two probes would read it:
+    for_probe = {n: fit.references[n] * (3 * fast.const + step(fast, n) - fast.const) / step(fast, n) for n in (8, 32)}
+    fixed, work = fit.machine(base, Probe(32, for_probe[32], None, 8, for_probe[8]))
+    assert fixed == pytest.approx(3.0) and work == pytest.approx(1.0)
+    assert slow.const == pytest.approx(2 * fast.const)
+    # Readings no split explains (the small probe slower than the full one): the full probe's factor.
+    assert fit.machine(base, Probe(32, 0.08, None, 8, 0.2)) == pytest.approx((1.0, 1.0))
+    assert fit.machine(base, Probe(32, 0.16)) == pytest.approx((2.0, 2.0))  # one size
+
+
 def test_a_fit_on_unprobed_runs_times_a_run_probed_on_a_slower_machine():
     """The cross-session case: the fit runs were made before runs were probed, and a later run on a
     machine twice as slow probed twice the step time the fit's factors give the probe: it is timed

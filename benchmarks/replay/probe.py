@@ -9,6 +9,10 @@ runs again after the run: the machine drifts within a 30-minute run (a 105% load
 slower than its pair before it started, then delivered more tokens a second), and the mean of the
 two readings times the run. The simulator's validation times the same probe with its fitted model
 (the fit runs' machines) and scales a probed run's steps by its probe against that.
+
+A second, small probe (SMALL_PROBE_REQUESTS at once) follows the full one: machines do not slow
+down evenly over a step's fixed cost and its per-sequence work (load runs decoding 6-9 requests an
+engine were timed 38% slow by one full-batch reading), and two batch sizes separate the two.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from benchmarks.replay.trace import TraceRequest
 # predicted. The first probes sent 16 (8 per engine); a machine's slowdown at 8 did not carry to 16
 # (docs/benchmarks.md), so a probe file says how many it sent.
 PROBE_REQUESTS = 32
+SMALL_PROBE_REQUESTS = 8  # 4 an engine: below the 6-9 that load runs decode at, for a well-spread pair
 PROBE_TOKENS = 64
 PROBE_MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse keeper and the ships she watches."}]
 
@@ -35,23 +40,35 @@ PROBE_MESSAGES = [{"role": "user", "content": "Write a long story about a lighth
 @dataclass(frozen=True)
 class Probe:
     """What a run's probe measured: `requests` at once, `step_s` between a request's tokens before
-    the run, `after_step_s` after it (None: a run probed only before)."""
+    the run, `after_step_s` after it (None: a run probed only before); the same at `small_requests`
+    (None: runs probed at one size)."""
 
     requests: int
     step_s: float
     after_step_s: float | None = None
+    small_requests: int | None = None
+    small_step_s: float | None = None
+    after_small_step_s: float | None = None
 
     @property
     def run_step_s(self) -> float:
         """The machine's step over the run: the mean of the readings it has."""
-        return self.step_s if self.after_step_s is None else (self.step_s + self.after_step_s) / 2
+        return _mean(self.step_s, self.after_step_s)
+
+    @property
+    def run_small_step_s(self) -> float | None:
+        return None if self.small_step_s is None else _mean(self.small_step_s, self.after_small_step_s)
 
 
-def probe_trace(run: str) -> list[TraceRequest]:
+def _mean(before: float, after: float | None) -> float:
+    return before if after is None else (before + after) / 2
+
+
+def probe_trace(run: str, requests: int = PROBE_REQUESTS) -> list[TraceRequest]:
     return [TraceRequest(request_id=f"{run}:probe{i:02d}", arrival_s=0.0, prompt_id="probe", scenario="probe",
                          messages=PROBE_MESSAGES, max_tokens=PROBE_TOKENS,
                          min_tokens=PROBE_TOKENS, true_output_tokens=PROBE_TOKENS, prompt_tokens=0)
-            for i in range(PROBE_REQUESTS)]
+            for i in range(requests)]
 
 
 def probe_prompt_tokens(model_source: str) -> int:
@@ -74,9 +91,13 @@ def step_seconds(records: list[RequestRecord]) -> float:
 
 
 def measure(base_url: str, actors: list, run: str, start_lead_s: float) -> dict:
-    """The probe against a running stack (the router's own policy: nothing waits)."""
-    records = replay(base_url, probe_trace(run), actors=actors, timeout_s=600, t0=time.time() + start_lead_s)
-    return {"step_s": step_seconds(records), "requests": PROBE_REQUESTS, "tokens": PROBE_TOKENS}
+    """Both probes against a running stack, one after the other (the router's own policy: nothing waits)."""
+    def step(label: str, requests: int) -> float:
+        trace = probe_trace(label, requests)
+        return step_seconds(replay(base_url, trace, actors=actors, timeout_s=600, t0=time.time() + start_lead_s))
+
+    return {"step_s": step(run, PROBE_REQUESTS), "requests": PROBE_REQUESTS, "tokens": PROBE_TOKENS,
+            "small_step_s": step(f"{run}/small", SMALL_PROBE_REQUESTS), "small_requests": SMALL_PROBE_REQUESTS}
 
 
 def probe_path(run_file: Path) -> Path:
@@ -89,4 +110,5 @@ def read_probe(run_file: Path) -> Probe | None:
     if not path.exists():
         return None
     probe = json.loads(path.read_text())
-    return Probe(probe["requests"], probe["step_s"], probe.get("after_step_s"))
+    return Probe(probe["requests"], probe["step_s"], probe.get("after_step_s"), probe.get("small_requests"),
+                 probe.get("small_step_s"), probe.get("after_small_step_s"))

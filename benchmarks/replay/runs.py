@@ -112,8 +112,9 @@ def execute(run: str, base_url: str, actors: list, trace: list[TraceRequest], po
     log = _log_lines(router_log)[len(seen):] if router_log is not None else []
     joined = join(run, trace, records, [json.loads(line) for line in log], t0)
     path.write_text("".join(r.model_dump_json() + "\n" for r in joined))
-    after = measure(base_url, actors, f"{run}/after", START_LEAD_S)["step_s"]
-    probe_path(path).write_text(json.dumps({**probe, "after_step_s": after}) + "\n")
+    after = measure(base_url, actors, f"{run}/after", START_LEAD_S)
+    probe_path(path).write_text(json.dumps({**probe, "after_step_s": after["step_s"],
+                                            "after_small_step_s": after["small_step_s"]}) + "\n")
     return joined
 
 

@@ -64,13 +64,41 @@ class Fit:
     # once): the step time a probe would have measured on the fit runs' machines. A run probed
     # slower is timed that much slower. Empty: no reference, no run scaled.
     references: dict[int, float] = field(default_factory=dict)
+    probe_prompt_tokens: int = 0  # the probe's prompt as the engines see it
 
     def model(self, base: StepTimeModel, probe: Probe | None = None) -> StepTimeModel:
         """The calibrated model with the fitted factors, on a run's machine when it was probed."""
-        speed = probe.run_step_s / self.references[probe.requests] if probe and probe.requests in self.references else 1.0
-        return StepTimeModel(const=base.const * self.const * speed, decode_seqs=base.decode_seqs * self.decode * speed,
-                             prefill_tokens=base.prefill_tokens * self.prefill * speed,
-                             kv_tokens=base.kv_tokens * self.decode * speed)
+        fixed, work = self.machine(base, probe)
+        return StepTimeModel(const=base.const * self.const * fixed, decode_seqs=base.decode_seqs * self.decode * work,
+                             prefill_tokens=base.prefill_tokens * self.prefill * work,
+                             kv_tokens=base.kv_tokens * self.decode * work)
+
+    def machine(self, base: StepTimeModel, probe: Probe | None) -> tuple[float, float]:
+        """How much slower a run's machine is than the fit's, on a step's fixed cost and on its
+        per-sequence work. One probe size: one factor for both. Two: each size's slowdown applied
+        to the probe's step as the fit splits it (fixed + work at that batch), and the two factors
+        that give both steps; where that needs a factor of 0 or less (the readings' noise beyond
+        the batch's effect), the full probe's factor for both."""
+        if probe is None or probe.requests not in self.references:
+            return 1.0, 1.0
+        full = probe.run_step_s / self.references[probe.requests]
+        if probe.small_requests not in self.references:
+            return full, full
+        from benchmarks.replay.probe import PROBE_TOKENS
+
+        fixed = base.const * self.const
+
+        def work(requests: int) -> float:  # a pure decode step of the probe, half its requests an engine
+            per_engine = requests / 2
+            return self.decode * per_engine * (base.decode_seqs
+                                               + base.kv_tokens * (self.probe_prompt_tokens + PROBE_TOKENS / 2))
+
+        small = probe.run_small_step_s / self.references[probe.small_requests]
+        w_small, w_full = work(probe.small_requests), work(probe.requests)
+        t_small, t_full = small * (fixed + w_small), full * (fixed + w_full)
+        work_factor = (t_full - t_small) / (w_full - w_small)
+        fixed_factor = (t_small - work_factor * w_small) / fixed
+        return (fixed_factor, work_factor) if fixed_factor > 0 and work_factor > 0 else (full, full)
 
 
 @dataclass
@@ -210,7 +238,7 @@ def fit_scales(runs: list[Run], setup: Setup, delays: tuple[float, float], probe
 
     def fitted(x: np.ndarray) -> Fit:
         const, decode, prefill = np.exp(x)
-        fit = Fit(const, decode, prefill, *delays, predictor=PREDICTOR_SLOWDOWN)
+        fit = Fit(const, decode, prefill, *delays, predictor=PREDICTOR_SLOWDOWN, probe_prompt_tokens=probe_tokens)
         return replace(fit, references={n: probe_step_s(setup, fit, probe_tokens, n) for n in sorted(probe_sizes)})
 
     def loss(x: np.ndarray) -> float:
@@ -432,7 +460,8 @@ def validate(setup: Setup, runs: dict[str, Run], fit_names: list[str], records: 
 
     delays = measured_delays([records[n] for n in fit_names if n in records])
     probe_tokens = probe_prompt_tokens(setup.config.model.source)
-    probe_sizes = {run.probe.requests for run in runs.values() if run.probe}
+    probe_sizes = {size for run in runs.values() if run.probe
+                   for size in (run.probe.requests, run.probe.small_requests) if size}
     fit = fit_scales([runs[n] for n in fit_names], setup, delays, probe_tokens, probe_sizes)
     compared = {name: compare(run, setup, fit) for name, run in runs.items()}
     held_out = [n for n in runs if n not in fit_names]
