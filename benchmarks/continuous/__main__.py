@@ -176,6 +176,7 @@ def _sharegpt_burst():
 def _write_runs(args) -> dict:
     """continuous.json's `bursts` from every run on disk."""
     from benchmarks.continuous import bursts
+    from benchmarks.replay.probe import read_probe
     from benchmarks.replay.runs import read_run, run_path, summary
 
     def table(name: str, policies, observed: bool) -> dict | None:
@@ -185,7 +186,9 @@ def _write_runs(args) -> dict:
             for p in policies:
                 if run_path(f"{name}/{p}/r{k}").exists():
                     records = read_run(f"{name}/{p}/r{k}")
-                    rep[p] = bursts.keep(summary(bursts.observed_lengths(records) if observed else records))
+                    probe = read_probe(run_path(f"{name}/{p}/r{k}"))
+                    rep[p] = {**bursts.keep(summary(bursts.observed_lengths(records) if observed else records)),
+                              "probe_step_s": probe.run_step_s if probe else None}
             if rep:
                 repeats.append(rep)
         if not repeats:

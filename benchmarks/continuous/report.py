@@ -152,7 +152,7 @@ def _burst_lines(burst: dict, bare: dict) -> list[str]:
 BURST_COLUMNS = (("mean JCT s", "mean_jct_s"), ("p50 JCT s", "p50_jct_s"), ("p99 JCT s", "p99_jct_s"),
                  ("short p99 s", "short_p99_jct_s"), ("p50 TTFT s", "p50_ttft_s"), ("p99 TTFT s", "p99_ttft_s"),
                  ("tok/s", "throughput_tok_s"), ("ranked share", "ranked_share"),
-                 ("predictor p50 / p99 s", None))
+                 ("predictor p50 / p99 s", None), ("probe step s", "probe_step_s"))
 # The independent simulation the targets came from (2 replicas x 16 slots, 10 seeds): last_work, the
 # ceiling and true lengths against FIFO, mean JCT / short-request p99.
 SIMULATED_LIMITS = {"last_work": (-0.14, -0.24), "ceiling": (-0.18, -0.37), "true lengths": (-0.21, -0.74)}
@@ -180,7 +180,7 @@ def _burst_table(block: dict) -> list[str]:
                 cells.append(f"{np.mean(p50):.1f} / {np.mean(p99):.1f}" if p50 else "-")
                 continue
             values = [r[p][key] for r in repeats if p in r and r[p].get(key) is not None]
-            cells.append(_cell(values, "{:.0%}" if key == "ranked_share" else "{:.1f}"))
+            cells.append(_cell(values, {"ranked_share": "{:.0%}", "probe_step_s": "{:.3f}"}.get(key, "{:.1f}")))
         lines.append(f"| {p} | " + " | ".join(cells) + " |")
     return lines
 

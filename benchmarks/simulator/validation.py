@@ -202,9 +202,11 @@ def compare(run: Run, setup: Setup, fit: Fit, replicas: int = 2, per_replica: in
         signed = (s - r) / np.maximum(r, 1e-3)
         per_request[name] = {"median": float(np.median(np.abs(signed))), "p90": float(np.percentile(np.abs(signed), 90)),
                              "signed_median": float(np.median(signed))}
+    fixed, work = fit.machine(setup.model, run.probe)
     return {"requests": len(run.requests), "real": real, "simulated": sim,
             "error": {k: sim[k] / real[k] - 1 for k in AGGREGATES}, "per_request": per_request,
-            "decoding_per_engine": decoding_per_engine(run.first_token, run.finish, replicas)}
+            "decoding_per_engine": decoding_per_engine(run.first_token, run.finish, replicas),
+            "machine": {"fixed": fixed, "work": work}}
 
 
 def decoding_per_engine(first: np.ndarray, finish: np.ndarray, replicas: int) -> float:
@@ -359,6 +361,15 @@ def markdown(result: dict) -> str:
             lines.append(f"| {metric} | {100 * e['absolute']:.1f}% ({_pct(e['signed'])}) | "
                          f"{100 * result['aggregate_probed_unscaled'][metric]['absolute']:.1f}% "
                          f"({_pct(result['aggregate_probed_unscaled'][metric]['signed'])}) |")
+    if result.get("aggregate_two_size"):
+        lines += ["", f"The {len(result['two_size_held_out_runs'])} held-out runs probed at two batch sizes "
+                  f"({', '.join(result['two_size_held_out_runs'])}): their machine split into a slowdown of the "
+                  "step's fixed cost and one of its per-sequence work, against one factor from the full probe "
+                  "(mean absolute error):", "", "| metric | split | full probe only |", "|---|---|---|"]
+        for metric, e in result["aggregate_two_size"].items():
+            one = result["aggregate_two_size_one_reading"][metric]
+            lines.append(f"| {metric} | {100 * e['absolute']:.1f}% ({_pct(e['signed'])}) | "
+                         f"{100 * one['absolute']:.1f}% ({_pct(one['signed'])}) |")
     sa = result["sign_agreement"]
     lines += ["", f"Sign of every policy difference the real runs resolve beyond their repeats' spread (all "
               f"repeats, fit runs too: the fit sets three global factors, no policy's difference): "
@@ -370,15 +381,16 @@ def markdown(result: dict) -> str:
               "## Per run", "",
               "| run | set | requests | mean JCT real / sim | p99 JCT | mean TTFT | tok/s | makespan | "
               "JCT error p50 / p90 | TTFT error p50 / p90 | TPOT error p50 / p90 | decoding per engine | "
-              "TPOT signed p50 |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "TPOT signed p50 | machine: fixed / work |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, c in result["runs"].items():
         r, s, pr = c["real"], c["simulated"], c["per_request"]
         pair = lambda k: f"{r[k]:.1f} / {s[k]:.1f}"
         lines.append(f"| {name} | {c['set']} | {c['requests']} | {pair('mean_jct_s')} | {pair('p99_jct_s')} | "
                      f"{pair('mean_ttft_s')} | {pair('throughput_tok_s')} | {pair('makespan_s')} | "
                      + " | ".join(f"{100 * pr[k]['median']:.0f}% / {100 * pr[k]['p90']:.0f}%" for k in ("jct", "ttft", "tpot"))
-                     + f" | {c['decoding_per_engine']:.1f} | {_pct(pr['tpot']['signed_median'])} |")
+                     + f" | {c['decoding_per_engine']:.1f} | {_pct(pr['tpot']['signed_median'])} | "
+                     f"x{c['machine']['fixed']:.2f} / x{c['machine']['work']:.2f} |")
     lines += ["", "## Policy differences (mean JCT against ray_default)", "",
               "Real and simulated: each policy's runs against ray_default's runs of the same repeat (two "
               "workloads: every generation is a fresh draw). Same workload: each of the policy's runs "
@@ -403,13 +415,17 @@ def aggregate(compared: dict[str, dict], names: list[str]) -> dict:
 
 
 def summary_json(fit: Fit, fit_runs: list[str], held_out: list[str], compared: dict, agreement: dict,
-                 noise: dict, probed: list[str], unscaled: dict[str, dict]) -> dict:
+                 noise: dict, probed: list[str], unscaled: dict[str, dict], split: list[str],
+                 one_size: dict[str, dict]) -> dict:
     return {"fit": asdict(fit), "fit_runs": fit_runs, "held_out_runs": held_out,
             "aggregate": aggregate(compared, held_out), "aggregate_fit": aggregate(compared, fit_runs),
             # The held-out runs timed at their own machine's probe, alone, and as if on the fit's
             # machines: what the probe buys.
             "probed_held_out_runs": probed, "aggregate_probed": aggregate(compared, probed) if probed else None,
             "aggregate_probed_unscaled": aggregate(unscaled, probed) if probed else None,
+            # The held-out runs probed at two sizes, timed with both readings and with the full one alone.
+            "two_size_held_out_runs": split, "aggregate_two_size": aggregate(compared, split) if split else None,
+            "aggregate_two_size_one_reading": aggregate(one_size, split) if split else None,
             "sign_agreement": agreement, "noise_floor": noise, "tpot_by_batch": tpot_by_batch(compared, held_out),
             "runs": {n: {**c, "set": "fit" if n in fit_runs else "held out"} for n, c in compared.items()}}
 
@@ -478,7 +494,10 @@ def validate(setup: Setup, runs: dict[str, Run], fit_names: list[str], records: 
         row["same_workload_changes"] = paired.get(f"{row['workload']}/{row['policy']}", [])
     probed = [n for n in held_out if runs[n].probe]
     unscaled = {n: compare(replace(runs[n], probe=None), setup, fit) for n in probed}
-    return summary_json(fit, fit_names, held_out, compared, agreement, noise_floor(real), probed, unscaled)
+    split = [n for n in probed if runs[n].probe.small_requests]
+    one_size = {n: compare(replace(runs[n], probe=replace(runs[n].probe, small_requests=None)), setup, fit) for n in split}
+    return summary_json(fit, fit_names, held_out, compared, agreement, noise_floor(real), probed, unscaled,
+                        split, one_size)
 
 
 def noise_floor(real: dict[str, list[dict]]) -> dict:
