@@ -114,22 +114,21 @@ def test_a_workloads_repeats_span_every_run_on_disk_not_the_commands_repeats(tmp
     assert bursts.repeats_on_disk("sharegpt_burst") == 0
 
 
-def test_a_loads_capacity_is_probed_once_and_every_later_repeat_replays_the_same_trace(tmp_path, monkeypatch):
+def test_a_loads_capacity_is_kept_and_a_later_session_replays_its_trace_at_its_own_speed(tmp_path, monkeypatch):
     from benchmarks.continuous import bursts
 
     monkeypatch.setattr(bursts, "RUNS", tmp_path)
     monkeypatch.setattr(bursts, "capacity_per_step", lambda: 0.04)
-    probes = []
+    steps = iter([0.4, 0.4, 0.2, 0.2])  # a later session's machine twice as fast
 
-    def probe():
-        probes.append(1)
-        return 0.4 if len(probes) == 1 else 0.2  # the machine twice as fast at a later session's probe
-
-    first = bursts.load_trace("load_fixed_poisson@0.95", "poisson", 0.95, 20, probe)
-    again = bursts.load_trace("load_fixed_poisson@0.95", "poisson", 0.95, 20, probe)
-    assert len(probes) == 1 and first == again
-    assert first[-1].arrival_s > 0 and all(r.fixed_tokens == max(1, r.true_output_tokens) for r in first)
+    first = bursts.load_trace("load_fixed_poisson@0.95", "poisson", 0.95, 20, lambda: next(steps))
+    again = bursts.load_trace("load_fixed_poisson@0.95", "poisson", 0.95, 20, lambda: next(steps))
+    faster = bursts.load_trace("load_fixed_poisson@0.95", "poisson", 0.95, 20, lambda: next(steps))
+    assert first == again and first[-1].arrival_s > 0
+    assert [r.arrival_s / 2 for r in first] == pytest.approx([r.arrival_s for r in faster])
+    assert [r.request_id for r in first] == [r.request_id for r in faster]
+    assert all(r.fixed_tokens == max(1, r.true_output_tokens) for r in first)
     kept = bursts.kept_capacity("load_fixed_poisson@0.95")
     assert kept["capacity_rps"] == pytest.approx(0.1) and kept["probe_step_s"] == 0.4 and kept["capacity_from"] == "probe"
     with pytest.raises(ValueError, match="20 requests"):
-        bursts.load_trace("load_fixed_poisson@0.95", "poisson", 0.95, 30, probe)
+        bursts.load_trace("load_fixed_poisson@0.95", "poisson", 0.95, 30, lambda: next(steps))

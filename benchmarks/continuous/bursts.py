@@ -139,27 +139,32 @@ def capacity_per_step() -> float:
     return float(np.median(values))
 
 
-def load_capacity(name: str, requests: int, probe_step_s: Callable[[], float]) -> dict:
-    """The capacity (requests/s) a load workload's arrivals are scaled to. Machines differ 2-3x
-    between sessions, so a capacity measured in another session would make 95% an overload or a
-    calm: the workload's first run probes the machine, and the capacity is kept beside its runs
-    (runs/<name>.capacity.json), so later repeats, in any session, replay the same trace."""
+def load_capacity(name: str, requests: int, step_s: float) -> dict:
+    """The capacity (requests/s) a load workload's arrivals were first scaled to, and the probe it
+    was measured at: the workload's first session sets it (runs/<name>.capacity.json)."""
     path = _capacity_path(name)
     if path.exists():
         kept = json.loads(path.read_text())
         if kept["requests"] != requests:
             raise ValueError(f"{name} ran with {kept['requests']} requests, not {requests}: its trace must not change")
         return kept
-    step = probe_step_s()
-    kept = {"capacity_rps": capacity_per_step() / step, "probe_step_s": step, "requests": requests}
+    kept = {"capacity_rps": capacity_per_step() / step_s, "probe_step_s": step_s, "requests": requests}
     path.write_text(json.dumps(kept) + "\n")
     return kept
 
 
 def load_trace(name: str, process: str, share: float, requests: int, probe_step_s: Callable[[], float]) -> list[TraceRequest]:
-    """`requests` val/test requests at fixed lengths, arriving at `share` of the session's capacity."""
-    capacity = load_capacity(name, requests, probe_step_s)["capacity_rps"]
-    return fixed_lengths(arrivals(dataset_burst(requests), process, share * capacity))
+    """`requests` val/test requests at fixed lengths, arriving at `share` of the session's capacity.
+
+    Machines differ 2-3x between sessions, so one rate would make 95% an overload in one session and a
+    calm in another (a 105% repeat probed 1.9x faster than the session that set its rate). Every
+    session replays the same requests in the same arrival pattern, its times stretched by the
+    session's probe against the first session's."""
+    step = probe_step_s()
+    kept = load_capacity(name, requests, step)
+    pattern = arrivals(dataset_burst(requests), process, share * kept["capacity_rps"])
+    stretch = step / kept["probe_step_s"]
+    return fixed_lengths([r.model_copy(update={"arrival_s": r.arrival_s * stretch}) for r in pattern])
 
 
 def kept_capacity(name: str) -> dict:
