@@ -10,9 +10,11 @@ slower than its pair before it started, then delivered more tokens a second), an
 two readings times the run. The simulator's validation times the same probe with its fitted model
 (the fit runs' machines) and scales a probed run's steps by its probe against that.
 
-A second, small probe (SMALL_PROBE_REQUESTS at once) follows the full one: machines do not slow
-down evenly over a step's fixed cost and its per-sequence work (load runs decoding 6-9 requests an
-engine were timed 38% slow by one full-batch reading), and two batch sizes separate the two.
+A second, small probe (SMALL_PROBE_REQUESTS at once) follows the full one, to separate a machine's
+slowdown of a step's fixed cost from that of its per-sequence work (load runs decoding 6-9
+requests an engine were timed 38% slow by one full-batch reading). On the first six runs with both,
+that split timed them worse than the full probe alone (the probe's contexts are short; the
+traffic's attention is over long ones): the validation reports it and times runs at the full probe.
 """
 
 from __future__ import annotations
