@@ -184,9 +184,10 @@ def _write_runs(args) -> dict:
         for k in range(bursts.repeats_on_disk(name)):
             rep = {}
             for p in policies:
-                if run_path(f"{name}/{p}/r{k}").exists():
-                    records = read_run(f"{name}/{p}/r{k}")
-                    probe = read_probe(run_path(f"{name}/{p}/r{k}"))
+                run = f"{name}/{p}/r{k}"
+                if run_path(run).exists():
+                    records = read_run(run)
+                    probe = read_probe(run_path(run))
                     rep[p] = {**bursts.keep(summary(bursts.observed_lengths(records) if observed else records)),
                               "probe_step_s": probe.run_step_s if probe else None}
             if rep:

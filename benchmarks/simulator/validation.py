@@ -370,8 +370,7 @@ def markdown(result: dict) -> str:
                                                  for n, m in result["two_size_machines"].items()) + ".", "",
                   "| metric | full probe only | split |", "|---|---|---|"]
         for metric, e in result["aggregate_two_size"].items():
-            one = aggregate({n: result["runs"][n] for n in result["two_size_held_out_runs"]},
-                            result["two_size_held_out_runs"])[metric]
+            one = result["aggregate_two_size_full_probe"][metric]
             lines.append(f"| {metric} | {100 * one['absolute']:.1f}% ({_pct(one['signed'])}) | "
                          f"{100 * e['absolute']:.1f}% ({_pct(e['signed'])}) |")
     sa = result["sign_agreement"]
@@ -429,6 +428,7 @@ def summary_json(fit: Fit, fit_runs: list[str], held_out: list[str], compared: d
             "aggregate_probed_unscaled": aggregate(unscaled, probed) if probed else None,
             # The held-out runs probed at two sizes, timed with their machine split by both readings.
             "two_size_held_out_runs": split, "aggregate_two_size": aggregate(with_split, split) if split else None,
+            "aggregate_two_size_full_probe": aggregate(compared, split) if split else None,
             "two_size_machines": {n: with_split[n]["machine"] for n in split},
             "sign_agreement": agreement, "noise_floor": noise, "tpot_by_batch": tpot_by_batch(compared, held_out),
             "runs": {n: {**c, "set": "fit" if n in fit_runs else "held out"} for n, c in compared.items()}}
