@@ -61,10 +61,11 @@ def test_the_fit_finds_the_step_time_factors_a_run_was_timed_with():
     import numpy as np
 
     from benchmarks.simulator.setup import load_setup
+    from benchmarks.simulator.hops import Hops
     from benchmarks.simulator.validation import Fit, fit_scales, simulated
 
     setup, run = load_setup(), _timed_run("synthetic", 0, 60, 40, Fit(0.4, 0.6, 0.5))
-    fit = fit_scales([run], setup, (0.0, 0.0), probe_tokens=40, probe_sizes=set())
+    fit = fit_scales([run], setup, Hops(), probe_tokens=40, probe_sizes=set())
     assert abs(fit.const - 1) > 0.2
     _, finish = simulated(run, setup, fit, 2, 16)
     assert np.median(np.abs(finish - run.finish) / (run.finish - run.arrival)) < 0.05
@@ -103,6 +104,7 @@ def test_a_run_probed_slower_than_the_fit_runs_is_timed_that_much_slower():
 
     from benchmarks.simulator.setup import load_setup
     from benchmarks.replay.probe import Probe
+    from benchmarks.simulator.hops import Hops
     from benchmarks.simulator.validation import Fit, Run, fit_scales, probe_step_s, simulated
     from scheduling.request import Request
 
@@ -118,9 +120,9 @@ def test_a_run_probed_slower_than_the_fit_runs_is_timed_that_much_slower():
     # A probe of another size is judged only against the fit's probe of that size.
     assert simulated(replace(run, probe=Probe(16, 0.2)), setup, fit, 2, 16)[1][0] == pytest.approx(finish[0])
     run.first_token, run.finish = first, finish
-    fit = fit_scales([run], setup, (0.0, 0.0), probe_tokens=40, probe_sizes={16, 32})
+    fit = fit_scales([run], setup, Hops(), probe_tokens=40, probe_sizes={16, 32})
     # The reference is the probe as the fitted factors time it, whether or not a fit run was probed.
-    slower = replace(fit, const=2 * fit.const, decode=2 * fit.decode, prefill=2 * fit.prefill)
+    slower = replace(fit, const=2 * fit.const, decode=2 * fit.decode, prefill=2 * fit.prefill, kv=2 * fit.kv)
     for size in (16, 32):
         assert fit.references[size] == pytest.approx(probe_step_s(setup, replace(fit, references={}), 40, size))
         assert probe_step_s(setup, slower, 40, size) == pytest.approx(2 * fit.references[size], rel=0.05)
@@ -159,15 +161,16 @@ def test_a_fit_on_unprobed_runs_times_a_run_probed_on_a_slower_machine():
 
     from benchmarks.simulator.setup import load_setup
     from benchmarks.replay.probe import Probe
+    from benchmarks.simulator.hops import Hops
     from benchmarks.simulator.validation import Fit, fit_scales, probe_step_s, simulated
 
-    setup, machine, slow_machine = load_setup(), Fit(0.5, 0.7, 0.6), Fit(1.0, 1.4, 1.2)
+    setup, machine, slow_machine = load_setup(), Fit(0.5, 0.7, 0.6, 0.7), Fit(1.0, 1.4, 1.2, 1.4)
     old = _timed_run("old", 1, 40, 30, machine)
     # A burst alone cannot split a step's fixed cost from its per-sequence cost, which a probe reads
     # in its own proportion: the real fit has a calm run for that too.
     calm = _timed_run("calm", 2, 40, 400, machine)
     new = replace(_timed_run("new", 1, 40, 30, slow_machine), probe=Probe(32, probe_step_s(setup, slow_machine, 40, 32)))
-    fit = fit_scales([old, calm], setup, (0.0, 0.0), probe_tokens=40, probe_sizes={32})
+    fit = fit_scales([old, calm], setup, Hops(), probe_tokens=40, probe_sizes={32})
     for scaled, error in ((new, lambda e: e < 0.05), (replace(new, probe=None), lambda e: e > 0.3)):
         _, finish = simulated(scaled, setup, fit, 2, 16)
         assert error(np.median(np.abs(finish - new.finish) / (new.finish - new.arrival)))
@@ -193,13 +196,14 @@ def test_the_validated_setup_reads_the_saved_fit_back(tmp_path):
     """JSON keeps the probe sizes as strings; the fit read back prices the same probe."""
     import json
 
+    from benchmarks.simulator.hops import Hops
     from benchmarks.simulator.setup import validated_setup
 
-    saved = {"const": 0.5, "decode": 0.6, "prefill": 0.7, "delay_in_s": 0.8, "delay_out_s": 0.01, "predictor": 1.5,
-             "references": {"32": 0.4}}
+    saved = {"const": 0.5, "decode": 0.6, "prefill": 0.7, "kv": 0.3, "delay_in_s": 0.02, "delay_in_per_request_s": 0.008,
+             "delay_out_s": 0.01, "predictor": 1.5, "references": {"32": 0.4}}
     (tmp_path / "v.json").write_text(json.dumps({"fit": saved}))
     setup = validated_setup(validation=tmp_path / "v.json")
-    assert setup.validated and setup.delay_in_s == 0.8
+    assert setup.validated and setup.hops == Hops(0.02, 0.008, 0.01)
 
 
 def test_the_decoding_batch_is_the_runs_decode_time_over_its_span_per_engine():

@@ -58,10 +58,13 @@ def main() -> None:
     sub.add_parser("calibrate", help="measure vLLM step times, fit the step-time model")
     p = sub.add_parser("validate", help="the simulator against the real runs -> simulator_validation.*")
     p.add_argument("--fit", nargs="+", default=["dataset_burst/*/r0", "rollout/*/r0", "load_poisson@0.8/ray_default/r0",
-                                                "dataset_burst_fixed/ray_default/r0", "dataset_burst_fixed/last_work/r0"],
+                                                "dataset_burst_fixed/ray_default/r0", "dataset_burst_fixed/last_work/r0",
+                                                "load_fixed_poisson@1.1/*/r0"],
                    help="the runs the step-time factors are fitted on (shell patterns); the rest are held out. "
                         "The fixed-length pair ran on a machine 3-4x slower by its probe: without a probed run in "
-                        "the fit, probed runs are timed against the model's own guess of the probe")
+                        "the fit, probed runs are timed against the model's own guess of the probe. The 110%% "
+                        "pair's first repeat brings probed half-full batches: with bursts alone the step's split "
+                        "into fixed and per-sequence cost was the one calm run's, from an unprobed machine")
     p.add_argument("--out", type=Path, default=RESULTS)
     p = sub.add_parser("sweep", help="routing gains vs predictor accuracy -> simulator_accuracy_sweep.*")
     p.add_argument("--replicas", type=int, default=100)

@@ -13,6 +13,7 @@ import numpy as np
 from benchmarks.replay.records import RequestRecord
 from benchmarks.replay.trace import TraceRequest
 from benchmarks.simulator.cluster import Outcome, simulate, simulate_rollout
+from benchmarks.simulator.hops import REPLICAS_PER_PROXY
 from benchmarks.simulator.setup import Setup
 from benchmarks.simulator.workload import Workload, build_workload, head_for, known_lengths
 from scheduling.admission import QueueStats
@@ -54,9 +55,11 @@ def run(setup: Setup, trace: list[TraceRequest], policy: str, replicas: int, mod
     head = head_for(policy)
     workload = build_workload(trace, policy, setup.predictions[head], setup.head_bins[head], scheduler.pools,
                               setup.max_prompt_tokens, known_lengths(trace, policy, noise, seed))
-    if mode not in ROLLOUTS:  # the router sees a request after the hops before it
-        for request in workload.requests:
-            request.arrival += setup.delay_in_s
+    if mode not in ROLLOUTS:  # the router sees a request after the hops before it, a proxy per node
+        proxies = max(1, replicas // REPLICAS_PER_PROXY)
+        arrivals = setup.hops.router_arrivals(np.array([r.arrival for r in workload.requests]), proxies)
+        for request, arrival in zip(workload.requests, arrivals):
+            request.arrival = float(arrival)
     if mode in ROLLOUTS:
         if POLICIES[policy].head is None:  # a length-blind rollout predicts nothing: its plan keeps the batch order
             for request in workload.requests:
@@ -64,8 +67,8 @@ def run(setup: Setup, trace: list[TraceRequest], policy: str, replicas: int, mod
         outcome = simulate_rollout(workload, mode, spec, setup.limits, setup.model, batch_size, siblings, seed)
     else:
         outcome = simulate(workload, scheduler, spec, setup.limits, setup.model, setup.config.model.max_model_len, seed)
-        outcome.first_token += setup.delay_out_s  # as the client sees them
-        outcome.finish += setup.delay_out_s
+        outcome.first_token += setup.hops.out_s  # as the client sees them
+        outcome.finish += setup.hops.out_s
     return SimRun(_records(trace, workload, outcome, policy, mode, load_rps),
                   {pool: q.stats for pool, q in scheduler.queues.items()}, outcome.replica)
 

@@ -19,6 +19,7 @@ from benchmarks.forelen.build import DEFAULT_OUT
 from benchmarks.simulator.calibrate import CALIBRATION, stack_model
 from benchmarks.simulator.cluster import ClusterSpec
 from benchmarks.simulator.engine import EngineLimits
+from benchmarks.simulator.hops import Hops
 from benchmarks.simulator.predictions import CHECKPOINTS, load_cache
 from benchmarks.simulator.step_time import StepTimeModel
 from predictor.checkpoint import load_checkpoint
@@ -45,9 +46,8 @@ class Setup:
     predictions: dict[str, dict[str, LengthPrediction]]  # head -> prompt_id -> prediction
     calibration: dict
     # The hops the deployed path adds before the router sees a request and after the engine
-    # emits a token (benchmarks.simulator.validation measures them; 0: the engines alone).
-    delay_in_s: float = 0.0
-    delay_out_s: float = 0.0
+    # emits a token (benchmarks.simulator.validation measures them; none: the engines alone).
+    hops: Hops = Hops()
     validated: bool = False  # the step-time model carries the validation's fitted factors
 
     @property
@@ -153,7 +153,7 @@ def validated_setup(calibration: Path = CALIBRATION, validation: Path = VALIDATI
         return setup
     saved = json.loads(validation.read_text())["fit"]
     fit = Fit(**{**saved, "references": {int(size): step for size, step in saved.get("references", {}).items()}})
-    return replace(setup, model=fit.model(setup.model), delay_in_s=fit.delay_in_s, delay_out_s=fit.delay_out_s,
+    return replace(setup, model=fit.model(setup.model), hops=fit.hops,
                    validated=True)
 
 

@@ -7,11 +7,13 @@ scheduling core, ranking each request by what the real router knew when it dispa
 told length, or a prediction that landed in time; otherwise the prior), and the stack's replica
 choice. Only the engines' timing is the model's: the step-time model calibrated on one engine
 in-process, scaled by what the deployed serving path adds, fitted on some runs:
-- `const`, `decode`, `prefill`: factors on the calibrated step terms (two engines, the router,
-  the predictor and the clients share two cores; the deployed engines run out of process);
-- `delay_in_s` and `delay_out_s`: the HTTP and Ray hops before the router sees a request and
-  after the engine emits a token, the medians measured on the fit runs (the router's request log
-  against the client's clock);
+- `const`, `decode`, `prefill`, `kv`: factors on the calibrated step terms (two engines, the
+  router, the predictor and the clients share two cores; the deployed engines run out of
+  process). Attention over the KV cache has its own factor: tied to the per-sequence work, the
+  fit made long-context steps as slow as bursts need and timed half-full batches 38% slow;
+- the HTTP and Ray hops before the router sees a request and after the engine emits a token
+  (benchmarks.simulator.hops), measured on the fit runs (the router's request log against the
+  client's clock);
 - `predictor`: how much longer the engines' steps take while the predictor prefills on the same
   cores (when it did is each run's record: from a request reaching the router to its prediction
   landing). Set, not fitted: three busy threads on two cores make it 1.5. Fitted on the one fit
@@ -42,6 +44,7 @@ import numpy as np
 from benchmarks.replay.probe import Probe
 from benchmarks.replay.runs import RunRecord
 from benchmarks.simulator.cluster import ClusterSpec, simulate, simulate_rollout
+from benchmarks.simulator.hops import WINDOW_S, Hops, measure
 from benchmarks.simulator.setup import SINGLE_POOL, Setup
 from benchmarks.simulator.step_time import StepTimeModel
 from benchmarks.simulator.workload import Workload
@@ -57,7 +60,9 @@ class Fit:
     const: float = 1.0
     decode: float = 1.0
     prefill: float = 1.0
-    delay_in_s: float = 0.0
+    kv: float = 1.0
+    delay_in_s: float = 0.0  # the hops (benchmarks.simulator.hops), flat: the fit is saved as JSON
+    delay_in_per_request_s: float = 0.0
     delay_out_s: float = 0.0
     predictor: float = 1.0
     # The speed probe (benchmarks.replay.probe) as this fit times it, per probe size (requests at
@@ -66,12 +71,16 @@ class Fit:
     references: dict[int, float] = field(default_factory=dict)
     probe_prompt_tokens: int = 0  # the probe's prompt as the engines see it
 
+    @property
+    def hops(self) -> Hops:
+        return Hops(self.delay_in_s, self.delay_in_per_request_s, self.delay_out_s)
+
     def model(self, base: StepTimeModel, probe: Probe | None = None) -> StepTimeModel:
         """The calibrated model with the fitted factors, on a run's machine when it was probed."""
         fixed, work = self.machine(base, probe)
         return StepTimeModel(const=base.const * self.const * fixed, decode_seqs=base.decode_seqs * self.decode * work,
                              prefill_tokens=base.prefill_tokens * self.prefill * work,
-                             kv_tokens=base.kv_tokens * self.decode * work)
+                             kv_tokens=base.kv_tokens * self.kv * work)
 
     def machine(self, base: StepTimeModel, probe: Probe | None) -> tuple[float, float]:
         """How much slower a run's machine is than the fit's, on a step's fixed cost and on its
@@ -90,8 +99,8 @@ class Fit:
 
         def work(requests: int) -> float:  # a pure decode step of the probe, half its requests an engine
             per_engine = requests / 2
-            return self.decode * per_engine * (base.decode_seqs
-                                               + base.kv_tokens * (self.probe_prompt_tokens + PROBE_TOKENS / 2))
+            return per_engine * (self.decode * base.decode_seqs
+                                 + self.kv * base.kv_tokens * (self.probe_prompt_tokens + PROBE_TOKENS / 2))
 
         small = probe.run_small_step_s / self.references[probe.small_requests]
         w_small, w_full = work(probe.small_requests), work(probe.requests)
@@ -117,9 +126,10 @@ class Run:
     predictor_busy: list[tuple[float, float]]  # client clock: when the predictor was prefilling
     probe: Probe | None = None  # the machine's speed just before the run (None: not probed)
 
-    def workload(self, delay_in_s: float) -> Workload:
-        """Fresh records (a simulation fills them), reaching the router `delay_in_s` after they were sent."""
-        return Workload([replace(r, arrival=r.arrival + delay_in_s) for r in self.requests], self.output)
+    def workload(self, hops: Hops) -> Workload:
+        """Fresh records (a simulation fills them), reaching the router when the hops bring them."""
+        arrivals = hops.router_arrivals(np.array([r.arrival for r in self.requests]))
+        return Workload([replace(r, arrival=float(a)) for r, a in zip(self.requests, arrivals)], self.output)
 
 
 def online_run(name: str, records: list[RunRecord]) -> Run:
@@ -169,7 +179,7 @@ def simulated(run: Run, setup: Setup, fit: Fit, replicas: int, per_replica: int)
     spec = ClusterSpec(pools=[SINGLE_POOL], replicas={SINGLE_POOL: replicas}, max_ongoing_requests=per_replica,
                        replica_choice=run.choice, predictor_busy=run.predictor_busy, predictor_slowdown=fit.predictor)
     model = fit.model(setup.model, run.probe)
-    workload = run.workload(fit.delay_in_s if run.kind == "online" else 0.0)
+    workload = run.workload(fit.hops if run.kind == "online" else Hops())
     if run.kind != "online":  # a rollout's times are the router's own, from the batch's start
         out = simulate_rollout(workload, run.kind, spec, setup.limits, model)
         return out.first_token, out.finish
@@ -229,8 +239,7 @@ def probe_step_s(setup: Setup, fit: Fit, prompt_tokens: int, size: int) -> float
     return float(np.median((finish - first) / (PROBE_TOKENS - 1)))
 
 
-def fit_scales(runs: list[Run], setup: Setup, delays: tuple[float, float], probe_tokens: int,
-               probe_sizes: set[int]) -> Fit:
+def fit_scales(runs: list[Run], setup: Setup, hops: Hops, probe_tokens: int, probe_sizes: set[int]) -> Fit:
     """The step-time factors that make the fit runs' requests finish when they really did
     (least squares on log JCT and log TTFT per request), the hops' delays measured. The reference
     speed is the probe as the factors time it, not the fit runs' own probes: so runs made before
@@ -239,8 +248,9 @@ def fit_scales(runs: list[Run], setup: Setup, delays: tuple[float, float], probe
     from scipy.optimize import minimize
 
     def fitted(x: np.ndarray) -> Fit:
-        const, decode, prefill = np.exp(x)
-        fit = Fit(const, decode, prefill, *delays, predictor=PREDICTOR_SLOWDOWN, probe_prompt_tokens=probe_tokens)
+        const, decode, prefill, kv = np.exp(x)
+        fit = Fit(const, decode, prefill, kv, hops.in_s, hops.in_per_request_s, hops.out_s,
+                  predictor=PREDICTOR_SLOWDOWN, probe_prompt_tokens=probe_tokens)
         return replace(fit, references={n: probe_step_s(setup, fit, probe_tokens, n) for n in sorted(probe_sizes)})
 
     def loss(x: np.ndarray) -> float:
@@ -255,18 +265,19 @@ def fit_scales(runs: list[Run], setup: Setup, delays: tuple[float, float], probe
 
     # Scipy's default first simplex around 0 is 0.00025 wide, where the loss barely moves: the
     # search stopped at once. Half a unit of log factor each way instead.
-    simplex = np.vstack([np.zeros(3), 0.5 * np.eye(3)])
-    best = minimize(loss, np.zeros(3), method="Nelder-Mead",
+    simplex = np.vstack([np.zeros(4), 0.5 * np.eye(4)])
+    best = minimize(loss, np.zeros(4), method="Nelder-Mead",
                     options={"initial_simplex": simplex, "xatol": 1e-2, "fatol": 1e-4, "maxiter": 300})
     return fitted(best.x)
 
 
-def measured_delays(records: list[list[RunRecord]]) -> tuple[float, float]:
-    """Medians over the fit runs of client send -> router, and router's first token -> client's."""
-    into = [r.router_arrival_s - r.sent_s for rs in records for r in rs if r.router_arrival_s is not None]
+def measured_hops(records: list[list[RunRecord]]) -> Hops:
+    """The fit runs' client send -> router, and router's first token -> client's."""
+    arrived = [[r for r in rs if r.router_arrival_s is not None] for rs in records]
     out = [r.first_token_s - r.router_first_token_s for rs in records for r in rs
            if r.router_first_token_s is not None and r.first_token_s is not None]
-    return float(np.median(into)) if into else 0.0, float(np.median(out)) if out else 0.0
+    return measure([np.array([r.sent_s for r in rs]) for rs in arrived],
+                   [np.array([r.router_arrival_s for r in rs]) for rs in arrived], np.array(out))
 
 
 def same_workload(runs: dict[str, Run], compared: dict[str, dict], setup: Setup, fit: Fit,
@@ -333,9 +344,13 @@ def markdown(result: dict) -> str:
              "the router's own scheduling code (the same arrivals, prompts, generated lengths and policies; ranks as "
              "the real router knew them at dispatch; the stack's replica choice); only the engines' timing is the "
              "model's. Fitted on the fit runs: step-time factors const x{const:.2f}, decode x{decode:.2f}, prefill "
-             "x{prefill:.2f} on the single-engine calibration; x{predictor:.2f} while the predictor prefills on the "
-             "engines' cores (set: three busy threads on two cores); measured hops {delay_in_s:.2f} s in, "
-             "{delay_out_s:.2f} s out.".format(**{"predictor": 1.0, **fit}) + (
+             "x{prefill:.2f}, attention over the KV cache x{kv:.2f} on the single-engine calibration; x{predictor:.2f} "
+             "while the predictor prefills on the engines' cores (set: three busy threads on two cores); measured "
+             "hops: in, {delay_in_s:.3f} s plus {per_ms:.1f} ms for each other request sent within {window:.0f} s of "
+             "it (a burst of 128: {burst:.2f} s); out, {delay_out_s:.3f} s.".format(
+                 **{"predictor": 1.0, "kv": fit["decode"], "delay_in_per_request_s": 0.0, **fit},
+                 per_ms=1000 * fit.get("delay_in_per_request_s", 0.0), window=WINDOW_S,
+                 burst=fit["delay_in_s"] + 127 * fit.get("delay_in_per_request_s", 0.0)) + (
                  " The fitted model times the speed probe (benchmarks.replay.probe) at "
                  + ", ".join(f"{step:.3f} s per step with {size} requests at once" for size, step in fit["references"].items())
                  + ": the fit runs' machines. A probed run is timed at its own probe against the probe of its size; "
@@ -362,10 +377,13 @@ def markdown(result: dict) -> str:
                          f"{100 * result['aggregate_probed_unscaled'][metric]['absolute']:.1f}% "
                          f"({_pct(result['aggregate_probed_unscaled'][metric]['signed'])}) |")
     if result.get("aggregate_two_size"):
+        split_jct = result["aggregate_two_size"]["mean_jct_s"]["absolute"]
+        full_jct = result["aggregate_two_size_full_probe"]["mean_jct_s"]["absolute"]
         lines += ["", f"The {len(result['two_size_held_out_runs'])} held-out runs probed at two batch sizes "
                   f"({', '.join(result['two_size_held_out_runs'])}), timed as above (one factor from the full "
                   "probe) and with their machine split by both readings into a slowdown of the step's fixed cost "
-                  "and one of its per-sequence work (mean absolute error; not used: it errs more). The split "
+                  f"and one of its per-sequence work (mean absolute error; not used: most probed runs have one size; "
+                  f"here it errs {'less' if split_jct < full_jct else 'more'} on mean JCT). The split "
                   "(fixed / work): " + ", ".join(f"{n} x{m['fixed']:.2f} / x{m['work']:.2f}"
                                                  for n, m in result["two_size_machines"].items()) + ".", "",
                   "| metric | full probe only | split |", "|---|---|---|"]
@@ -375,7 +393,7 @@ def markdown(result: dict) -> str:
                          f"{100 * e['absolute']:.1f}% ({_pct(e['signed'])}) |")
     sa = result["sign_agreement"]
     lines += ["", f"Sign of every policy difference the real runs resolve beyond their repeats' spread (all "
-              f"repeats, fit runs too: the fit sets three global factors, no policy's difference): "
+              f"repeats, fit runs too: the fit sets four global factors, no policy's difference): "
               f"{sa['agree']} of {sa['of']} agree.", ""]
     full, partial = result["tpot_by_batch"]["full"], result["tpot_by_batch"]["partial"]
     lines += [f"Time per output token by batch, held-out runs (median of each run's median signed error): "
@@ -478,17 +496,17 @@ def validate(setup: Setup, runs: dict[str, Run], fit_names: list[str], records: 
     """Fit on `fit_names`, compare every run, and judge the held-out ones."""
     from benchmarks.replay.probe import probe_prompt_tokens
 
-    delays = measured_delays([records[n] for n in fit_names if n in records])
+    hops = measured_hops([records[n] for n in fit_names if n in records])
     probe_tokens = probe_prompt_tokens(setup.config.model.source)
     probe_sizes = {size for run in runs.values() if run.probe
                    for size in (run.probe.requests, run.probe.small_requests) if size}
-    fit = fit_scales([runs[n] for n in fit_names], setup, delays, probe_tokens, probe_sizes)
-    # Timed at the full probe alone: the two-size split (Fit.machine) timed the load runs probed at
-    # both sizes worse (docs/benchmarks.md); it is reported beside, not used.
+    fit = fit_scales([runs[n] for n in fit_names], setup, hops, probe_tokens, probe_sizes)
+    # Timed at the full probe alone, as every probed run can be: the two-size split (Fit.machine),
+    # which only the later runs can have, is reported beside (docs/benchmarks.md).
     compared = {name: compare(full_probe_only(run), setup, fit) for name, run in runs.items()}
     held_out = [n for n in runs if n not in fit_names]
     real, sim = defaultdict(list), defaultdict(list)
-    # Every repeat of a workload and policy, fit runs too: the fit sets three global step-time
+    # Every repeat of a workload and policy, fit runs too: the fit sets four global step-time
     # factors, never a policy's difference, and one held-out repeat alone resolves nothing.
     for name in runs:
         workload_policy = name.rsplit("/", 1)[0]
