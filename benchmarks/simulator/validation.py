@@ -348,9 +348,8 @@ def markdown(result: dict) -> str:
              "while the predictor prefills on the engines' cores (set: three busy threads on two cores); measured "
              "hops: in, {delay_in_s:.3f} s plus {per_ms:.1f} ms for each other request sent within {window:.0f} s of "
              "it (a burst of 128: {burst:.2f} s); out, {delay_out_s:.3f} s.".format(
-                 **{"predictor": 1.0, "kv": fit["decode"], "delay_in_per_request_s": 0.0, **fit},
-                 per_ms=1000 * fit.get("delay_in_per_request_s", 0.0), window=WINDOW_S,
-                 burst=fit["delay_in_s"] + 127 * fit.get("delay_in_per_request_s", 0.0)) + (
+                 **fit, per_ms=1000 * fit["delay_in_per_request_s"], window=WINDOW_S,
+                 burst=fit["delay_in_s"] + 127 * fit["delay_in_per_request_s"]) + (
                  " The fitted model times the speed probe (benchmarks.replay.probe) at "
                  + ", ".join(f"{step:.3f} s per step with {size} requests at once" for size, step in fit["references"].items())
                  + ": the fit runs' machines. A probed run is timed at its own probe against the probe of its size; "
