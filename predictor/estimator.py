@@ -68,6 +68,13 @@ def head_predictions(heads: Heads, features: PrefillFeatures) -> list[dict[str, 
     return rows
 
 
+def prompt_tail(ids: list[int], keep: int | None) -> list[int]:
+    """The tokens a prompt is predicted from: its last `keep` (None: all). The end of a prompt
+    holds the question that sets the answer's length; the simulator's prediction cache cuts
+    prompts here too, so it predicts what the deployed estimator does."""
+    return ids if keep is None else ids[-keep:]
+
+
 class LengthEstimator:
     """The serving model's weights plus trained heads; the first head is the default.
 
@@ -160,8 +167,7 @@ class LengthEstimator:
                 valid.append(i)
             except InvalidPrompt as e:
                 results[i] = e
-        if self.truncate_prompt_tokens is not None:
-            ids = [seq[-self.truncate_prompt_tokens:] for seq in ids]
+        ids = [prompt_tail(seq, self.truncate_prompt_tokens) for seq in ids]
         for group in micro_batches([len(ids[i]) for i in valid], self.max_batch_tokens, self.max_batch_size,
                                    self.max_padding):
             members = [valid[g] for g in group]

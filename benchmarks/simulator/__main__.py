@@ -83,7 +83,8 @@ def main() -> None:
         from benchmarks.simulator.predictions import predict_all
 
         config, _ = stack_model()
-        print(json.dumps(predict_all(config.predictor.max_prompt_tokens, threads=args.threads)))
+        print(json.dumps(predict_all(config.predictor.max_prompt_tokens, config.predictor.truncate_prompt_tokens,
+                                     threads=args.threads)))
     elif args.command == "calibrate":
         from benchmarks.simulator.calibrate import calibrate
 

@@ -3,7 +3,8 @@
 The simulator must route on what the deployed predictor would answer, so the predictions come
 from the committed checkpoints through the estimator's own head path
 (predictor.estimator.head_predictions), on the token ids the router computes (`serving.render`
-on the chat request a client sends). Where the training feature cache (predictor/cache, filled by
+on the chat request a client sends, cut to the tail the deployed predictor reads:
+predictor.truncate_prompt_tokens). Where the training feature cache (predictor/cache, filled by
 `predictor.train` and the accuracy benchmark) holds a prompt's prefill features, they are reused:
 no prefill at all, only pooling and the heads (its hidden states are stored as float16, so a
 prediction can differ from a live one in the last digits). Other prompts get one prefill. The
@@ -64,9 +65,13 @@ def _current_rows(name: str) -> list[dict]:
     return [r for r in rows if r["checkpoint"] == current]
 
 
-def prune_stale(name: str) -> None:
-    """Drop the entries of earlier checkpoints: a retrained head makes them dead weight in the repo."""
-    path, rows = cache_path(name), _current_rows(name)
+def prune_stale(name: str, ids: dict[str, list[int]]) -> None:
+    """Drop the entries of earlier checkpoints or of other token ids than `ids` (prompt_id -> the
+    ids predicted now): a retrained head, a changed truncation or template makes them dead weight
+    in the repo, and load_cache must not serve them."""
+    path = cache_path(name)
+    current = {pid: ids_hash(i) for pid, i in ids.items()}
+    rows = [r for r in _current_rows(name) if current.get(r["prompt_id"]) == r["ids"]]
     if path.exists() and len(rows) != sum(1 for line in path.read_text().splitlines() if line.strip()):
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -76,14 +81,16 @@ def load_cache(name: str) -> dict[str, LengthPrediction]:
     return {r["prompt_id"]: LengthPrediction(**r["prediction"]) for r in _current_rows(name)}
 
 
-def predict_all(max_prompt_tokens: int, batch: int = 32, threads: int = 2) -> dict[str, int]:
-    """Predict every dataset prompt missing from the caches; returns how many were added per checkpoint."""
+def predict_all(max_prompt_tokens: int, truncate_prompt_tokens: int | None, batch: int = 32,
+                threads: int = 2) -> dict[str, int]:
+    """Predict every dataset prompt missing from the caches, as the deployed predictor would (the
+    same length limit and truncation); returns how many were added per checkpoint."""
     import torch
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from predictor.checkpoint import load_checkpoint
-    from predictor.estimator import LengthEstimator, head_predictions, shared_features
+    from predictor.estimator import LengthEstimator, head_predictions, prompt_tail, shared_features
     from predictor.model_files import EMBEDDED_MODEL_ID, model_weights_hash, resolve_model_source
     from predictor.train import CACHE_DIR, Example, FeatureCache, cached_features, cached_layer
 
@@ -94,11 +101,12 @@ def predict_all(max_prompt_tokens: int, batch: int = 32, threads: int = 2) -> di
     prompts = {r["prompt_id"]: r["prompt"] for r in load_samples(DEFAULT_OUT)}
     ids = {pid: router_ids(tokenizer, EMBEDDED_MODEL_ID, text) for pid, text in prompts.items()}
     # The router never predicts longer prompts (predictor.max_prompt_tokens): they fall back.
-    ids = {pid: i for pid, i in ids.items() if len(i) <= max_prompt_tokens}
+    full = {pid: len(i) for pid, i in ids.items() if len(i) <= max_prompt_tokens}
+    ids = {pid: prompt_tail(ids[pid], truncate_prompt_tokens) for pid in full}
     heads = {name: load_checkpoint(head_checkpoint(name), weights) for name in CHECKPOINTS}
     todo = {}
     for name in CHECKPOINTS:
-        prune_stale(name)
+        prune_stale(name, ids)
         done = {(r["prompt_id"], r["ids"]) for r in _current_rows(name)}
         todo[name] = [pid for pid in ids if (pid, ids_hash(ids[pid])) not in done]
     predicted: dict[str, dict] = {}
@@ -127,7 +135,7 @@ def predict_all(max_prompt_tokens: int, batch: int = 32, threads: int = 2) -> di
         current = checkpoint_hash(name)
         with cache_path(name).open("a") as fh:
             for pid in todo[name]:
-                row = {"prompt_id": pid, "ids": ids_hash(ids[pid]), "prompt_tokens": len(ids[pid]),
+                row = {"prompt_id": pid, "ids": ids_hash(ids[pid]), "prompt_tokens": full[pid],
                        "checkpoint": current, "prediction": asdict(predicted[pid][name])}
                 fh.write(json.dumps(row) + "\n")
     return {name: len(pids) for name, pids in todo.items()}
