@@ -77,7 +77,7 @@ def test_the_same_workload_comparison_replays_a_run_both_ways():
     import numpy as np
 
     from benchmarks.simulator.setup import SINGLE_POOL, load_setup
-    from benchmarks.simulator.validation import Fit, Run, metrics, same_workload, simulated
+    from benchmarks.simulator.validation import Fit, Run, same_workload
     from scheduling.request import Prediction, Request
 
     setup, rng, n = load_setup(), np.random.default_rng(1), 128
@@ -88,11 +88,30 @@ def test_the_same_workload_comparison_replays_a_run_both_ways():
               np.zeros(n), np.zeros(n), np.zeros(n), [])
     blind = Run("burst/ray_default/r0", "online", "ray_default", "least_inflight", requests, output,
                 np.zeros(n), np.zeros(n), np.zeros(n), [])
-    runs = {run.name: run, blind.name: blind}
-    as_run = {run.name: {"simulated": metrics(run.arrival, *simulated(run, setup, Fit(), 2, 16), output)}}
-    changes = same_workload(runs, as_run, setup, Fit())
+    changes = same_workload({run.name: run, blind.name: blind}, setup, Fit())
     assert list(changes) == ["burst/early_work"] and len(changes["burst/early_work"]) == 1
     assert changes["burst/early_work"][0] < -0.1
+
+
+def test_where_nothing_waits_the_same_workload_shows_no_order_effect_whatever_the_probe():
+    """Calm arrivals never fill a slot, so no order acts: both replays of a run probed at two sizes
+    (whose split times it unlike its full probe alone) must come out the same."""
+    import numpy as np
+
+    from benchmarks.replay.probe import Probe
+    from benchmarks.simulator.setup import SINGLE_POOL, load_setup
+    from benchmarks.simulator.validation import Fit, Run, same_workload
+    from scheduling.request import Prediction, Request
+
+    setup, n = load_setup(), 20
+    output = np.full(n, 50)
+    requests = [Request(f"r{i}", "last_work", arrival=30.0 * i, prompt_tokens=50, max_tokens=1024,
+                        prediction=Prediction("last", 50.0, {}, SINGLE_POOL, {})) for i in range(n)]
+    run = Run("calm/last_work/r0", "online", "last_work", "least_inflight", requests, output,
+              30.0 * np.arange(n), np.zeros(n), np.zeros(n), [], probe=Probe(32, 0.3, None, 8, 0.1))
+    fit = Fit(references={8: 0.05, 32: 0.08}, probe_prompt_tokens=40)
+    assert fit.machine(setup.model, run.probe)[0] != pytest.approx(fit.machine(setup.model, run.probe)[1])
+    assert same_workload({run.name: run}, setup, fit)["calm/last_work"] == [pytest.approx(0.0, abs=1e-9)]
 
 
 def test_a_run_probed_slower_than_the_fit_runs_is_timed_that_much_slower():
