@@ -101,8 +101,8 @@ def predict_all(max_prompt_tokens: int, truncate_prompt_tokens: int | None, batc
     prompts = {r["prompt_id"]: r["prompt"] for r in load_samples(DEFAULT_OUT)}
     ids = {pid: router_ids(tokenizer, EMBEDDED_MODEL_ID, text) for pid, text in prompts.items()}
     # The router never predicts longer prompts (predictor.max_prompt_tokens): they fall back.
-    full = {pid: len(i) for pid, i in ids.items() if len(i) <= max_prompt_tokens}
-    ids = {pid: prompt_tail(ids[pid], truncate_prompt_tokens) for pid in full}
+    lengths = {pid: len(i) for pid, i in ids.items() if len(i) <= max_prompt_tokens}
+    ids = {pid: prompt_tail(ids[pid], truncate_prompt_tokens) for pid in lengths}
     heads = {name: load_checkpoint(head_checkpoint(name), weights) for name in CHECKPOINTS}
     todo = {}
     for name in CHECKPOINTS:
@@ -135,7 +135,7 @@ def predict_all(max_prompt_tokens: int, truncate_prompt_tokens: int | None, batc
         current = checkpoint_hash(name)
         with cache_path(name).open("a") as fh:
             for pid in todo[name]:
-                row = {"prompt_id": pid, "ids": ids_hash(ids[pid]), "prompt_tokens": full[pid],
+                row = {"prompt_id": pid, "ids": ids_hash(ids[pid]), "prompt_tokens": lengths[pid],
                        "checkpoint": current, "prediction": asdict(predicted[pid][name])}
                 fh.write(json.dumps(row) + "\n")
     return {name: len(pids) for name, pids in todo.items()}
