@@ -11,6 +11,8 @@
   lean     the same burst, ray_default against last_work, with the lean predictor
   fixed    the same burst with every answer held to its sample's length, the router not told:
            the policies meet the same workload (default ray_default and last_work)
+  estp     the fixed-length burst, ray_default against estp_work: ESTP's own head, on a stack
+           serving that head alone
   early    the same burst, ray_default against early_work: the last token's head at layer 4 of 30
            (the prefill stops there), on a stack serving that head alone (--trace sharegpt: the
            ShareGPT burst)
@@ -204,6 +206,7 @@ def _write_runs(args) -> dict:
     real = table("dataset_burst", (*bursts.DATASET_POLICIES, bursts.HEAD_TOLD, bursts.STOCK), False)
     lean = table(bursts.LEAN, bursts.LEAN_POLICIES, False)
     fixed = table(bursts.FIXED, bursts.DATASET_POLICIES, False)
+    fixed_estp = table(bursts.FIXED_ESTP, bursts.ESTP_POLICIES, False)
     early = table(bursts.EARLY, bursts.EARLY_POLICIES, False)
     sharegpt_early = table(bursts.EARLY_SHAREGPT, bursts.EARLY_POLICIES, True)
     sharegpt = table("sharegpt_burst", ("ray_default", "last_work"), True)
@@ -214,6 +217,7 @@ def _write_runs(args) -> dict:
     return _update(args.out, bursts={**current.get("bursts", {}), **({"real": real} if real else {}),
                                      **({"real_lean": lean} if lean else {}),
                                      **({"real_fixed": fixed} if fixed else {}),
+                                     **({"real_fixed_estp": fixed_estp} if fixed_estp else {}),
                                      **({"real_early": early} if early else {}),
                                      **({"sharegpt_early": sharegpt_early} if sharegpt_early else {}),
                                      **({"sharegpt": sharegpt} if sharegpt else {})},
@@ -245,6 +249,7 @@ def main(argv=None) -> None:
     fx = sub.add_parser("fixed", help="the dataset burst, every answer held to its sample's length")
     fx.add_argument("--policies", nargs="+", default=["ray_default", "last_work"],
                     choices=["ray_default", "last_work", "ceiling", "oracle_work"])
+    es = sub.add_parser("estp", help="the fixed-length burst, ray_default against estp_work (ESTP's head)")
     ea = sub.add_parser("early", help="the dataset burst, ray_default against early_work (the layer-4 head)")
     ea.add_argument("--trace", choices=["dataset", "sharegpt"], default="dataset")
     k = sub.add_parser("stock")
@@ -255,7 +260,7 @@ def main(argv=None) -> None:
     lo.add_argument("--arrivals", nargs="+", default=["poisson", "azure"])
     lo.add_argument("--shares", type=float, nargs="+", default=[0.95], help="of the capacity at the session's probe")
     lo.add_argument("--requests", type=int, default=300)
-    for sp in (b, ln, fx, ea, k, g, lo):
+    for sp in (b, ln, fx, es, ea, k, g, lo):
         sp.add_argument("--repeats", type=int, default=3)
         sp.add_argument("--actors", type=int, default=2)
     sb = sub.add_parser("simburst")
@@ -263,7 +268,7 @@ def main(argv=None) -> None:
     sb.add_argument("--seeds", type=int, default=10)
     sb.add_argument("--workers", type=int, default=2)
     sub.add_parser("report")
-    for sp in (s, d, r, b, ln, fx, ea, k, g, lo, sb):
+    for sp in (s, d, r, b, ln, fx, es, ea, k, g, lo, sb):
         sp.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     out = getattr(args, "out", RESULTS)
@@ -284,6 +289,12 @@ def main(argv=None) -> None:
         from benchmarks.continuous import bursts
 
         _runs(args, bursts.FIXED, bursts.fixed_lengths(bursts.dataset_burst()), args.policies)
+        _write_runs(args)
+        return
+    if args.command == "estp":
+        from benchmarks.continuous import bursts
+
+        _runs(args, bursts.FIXED_ESTP, bursts.fixed_lengths(bursts.dataset_burst()), list(bursts.ESTP_POLICIES))
         _write_runs(args)
         return
     if args.command == "lean":

@@ -14,7 +14,8 @@ a slow spell of the machine hits them alike.
 - the dataset burst again with the lean predictor (`last_work`), and with the early-exit head
   (`early_work`);
 - the dataset burst at fixed lengths: every answer held to its sample's length, the router not
-  told (X-Fixed-Output-Tokens), so the policies of one repeat serve the same workload;
+  told (X-Fixed-Output-Tokens), so the policies of one repeat serve the same workload; once with
+  the last token's head, once with ESTP's (`estp_work`);
 - Ray Serve LLM's own OpenAI app (`build_openai_app`) on the same burst, with the same two engines
   and settings, behind Ray's default router: what a user would pick instead;
 - ShareGPT burst: 128 of the developers' ShareGPT first turns the dataset never used;
@@ -62,6 +63,11 @@ TOLD_AS = {HEAD_TOLD: "ceiling"}  # a run label -> the router policy it runs as
 # engines told, the router not): unseeded answers of one trace differ by up to 20% in tokens
 # between runs (56k to 68k), which moved the mean JCT of two policies as much as their order did.
 FIXED = "dataset_burst_fixed"
+# The fixed-length burst, ray_default against estp_work: the paper's own head (the hidden states
+# pooled by entropy and final-layer attention) on a stack that serves it alone; its prefill reads
+# attention, so it costs more than the last token's head (predictor_levers.md).
+FIXED_ESTP = "dataset_burst_fixed_estp"
+ESTP_POLICIES = ("ray_default", "estp_work")
 # Continuous load at fixed lengths (workloads load_fixed_<arrivals>@<share>): the same workload for
 # every policy, and a capacity the fixed bursts measured.
 LOAD_FIXED = "load_fixed"

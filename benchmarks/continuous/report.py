@@ -266,6 +266,11 @@ def _bursts_lines(bursts: dict) -> list[str]:
         "the `ray_default` run set against them: their changes carry the machine's drift too (each run's speed "
         "probe is in runs/<run>.probe.json).")
     lines += _rerun_lines(
+        "The same burst at fixed lengths with ESTP's head", bursts.get("real_fixed_estp"), "estp_work",
+        "The fixed-length burst again, ray_default against estp_work back to back, on a stack that serves ESTP's "
+        "head alone: the paper's own predictor, the hidden states pooled by the tokens' entropy and the final "
+        "layer's attention, whose prefill reads attention and so costs more than the last token's head.")
+    lines += _rerun_lines(
         "The same burst with the early-exit head", early, "early_work",
         "The dataset burst again, ray_default against early_work back to back: the last prompt token's state at "
         "layer 4 of the model's 30, so the predictor's prefill stops there (a seventh of its cost, "
