@@ -203,24 +203,20 @@ def _write_runs(args) -> dict:
                 if (rep := repeats[0]) else 0, "repeats": repeats, "changes_vs_ray_default": changes,
                 "lost_requests": sum(rep[p]["failed"] for rep in repeats for p in rep)}
 
-    real = table("dataset_burst", (*bursts.DATASET_POLICIES, bursts.HEAD_TOLD, bursts.STOCK), False)
-    lean = table(bursts.LEAN, bursts.LEAN_POLICIES, False)
-    fixed = table(bursts.FIXED, bursts.DATASET_POLICIES, False)
-    fixed_estp = table(bursts.FIXED_ESTP, bursts.ESTP_POLICIES, False)
-    early = table(bursts.EARLY, bursts.EARLY_POLICIES, False)
-    sharegpt_early = table(bursts.EARLY_SHAREGPT, bursts.EARLY_POLICIES, True)
-    sharegpt = table("sharegpt_burst", ("ray_default", "last_work"), True)
+    blocks = {
+        "real": table("dataset_burst", (*bursts.DATASET_POLICIES, bursts.HEAD_TOLD, bursts.STOCK), False),
+        "real_lean": table(bursts.LEAN, bursts.LEAN_POLICIES, False),
+        "real_fixed": table(bursts.FIXED, bursts.DATASET_POLICIES, False),
+        "real_fixed_estp": table(bursts.FIXED_ESTP, bursts.ESTP_POLICIES, False),
+        "real_early": table(bursts.EARLY, bursts.EARLY_POLICIES, False),
+        "sharegpt_early": table(bursts.EARLY_SHAREGPT, bursts.EARLY_POLICIES, True),
+        "sharegpt": table("sharegpt_burst", ("ray_default", "last_work"), True),
+    }
     current = parts_file.load(args.out, "continuous")
     loads = {name.removeprefix("load_"): table(name, ("ray_default", "last_work", "estp_work"), False)
              for name in bursts.run_names("load_")}
     loads = {k: {**v, **bursts.kept_capacity(f"load_{k}")} for k, v in loads.items() if v}
-    return _update(args.out, bursts={**current.get("bursts", {}), **({"real": real} if real else {}),
-                                     **({"real_lean": lean} if lean else {}),
-                                     **({"real_fixed": fixed} if fixed else {}),
-                                     **({"real_fixed_estp": fixed_estp} if fixed_estp else {}),
-                                     **({"real_early": early} if early else {}),
-                                     **({"sharegpt_early": sharegpt_early} if sharegpt_early else {}),
-                                     **({"sharegpt": sharegpt} if sharegpt else {})},
+    return _update(args.out, bursts={**current.get("bursts", {}), **{k: v for k, v in blocks.items() if v}},
                    **({"real": loads} if loads else {}))
 
 
