@@ -132,3 +132,11 @@ def test_a_loads_capacity_is_kept_and_a_later_session_replays_its_trace_at_its_o
     assert kept["capacity_rps"] == pytest.approx(0.1) and kept["probe_step_s"] == 0.4 and kept["capacity_from"] == "probe"
     with pytest.raises(ValueError, match="20 requests"):
         bursts.load_trace("load_fixed_poisson@0.95", "poisson", 0.95, 30, lambda: next(steps))
+
+
+def test_a_load_of_a_new_size_is_a_workload_of_its_own():
+    from benchmarks.continuous import bursts
+
+    assert bursts.load_name("poisson", 0.95, 150) == "load_fixed_poisson@0.95"  # the first loads' names
+    assert bursts.load_name("azure", 0.95, 300) == "load_fixed_azure@0.95_300"
+    assert bursts.load_name("poisson", 1.05, 300) != bursts.load_name("poisson", 1.05, 150)

@@ -323,7 +323,7 @@ def main(argv=None) -> None:
 
         for share in args.shares:
             for process in args.arrivals:
-                name = f"{bursts.LOAD_FIXED}_{process}@{share:g}"
+                name = bursts.load_name(process, share, args.requests)
                 _runs(args, name, partial(_probed_load, name, process, share, args.requests), args.policies)
         _write_runs(args)
         return

@@ -68,9 +68,17 @@ FIXED = "dataset_burst_fixed"
 # attention, so it costs more than the last token's head (predictor_levers.md).
 FIXED_ESTP = "dataset_burst_fixed_estp"
 ESTP_POLICIES = ("ray_default", "estp_work")
-# Continuous load at fixed lengths (workloads load_fixed_<arrivals>@<share>): the same workload for
-# every policy, and a capacity the fixed bursts measured.
+# Continuous load at fixed lengths (workloads load_fixed_<arrivals>@<share>[_<requests>]): the same
+# workload for every policy, and a capacity the fixed bursts measured.
 LOAD_FIXED = "load_fixed"
+LOAD_UNCOUNTED = 150
+
+
+def load_name(process: str, share: float, requests: int) -> str:
+    """The first load workloads sent 150 requests and are named without a count; a load of any other
+    size carries it, since a workload's trace (and the capacity kept beside it) must never change."""
+    count = "" if requests == LOAD_UNCOUNTED else f"_{requests}"
+    return f"{LOAD_FIXED}_{process}@{share:g}{count}"
 
 
 def stack_overrides(policies: list[str], request_log: Path) -> dict:

@@ -107,6 +107,7 @@ def _load_lines(real: dict) -> list[str]:
     lines = []
     for workload, block in real.items():
         arrival, share = workload.split("@")
+        share = share.split("_")[0]  # a load's size follows its share (bursts.load_name)
         fixed = arrival.startswith("fixed_")
         measured = (f"the session's capacity: the fixed-length bursts' capacity scaled by a probe of the machine "
                     f"(step {block['probe_step_s']:.3f} s)" if block.get("capacity_from") == "probe"
