@@ -114,7 +114,7 @@ def _load_lines(real: dict) -> list[str]:
                     else "the capacity the length-blind bursts measured, in their sessions")
         held = ", every answer held to its sample's length" if fixed else ""
         lines += [f"## Continuous load on the real stack: {arrival.removeprefix('fixed_')} arrivals at "
-                  f"{float(share):.0%} of capacity{', fixed lengths' if fixed else ''}", "",
+                  f"{float(share):.0%} of capacity{', fixed lengths' if fixed else ''}, {block['requests']} requests", "",
                   f"{block['requests']} of the dataset's val and test requests{held}, arriving at "
                   f"{float(share):.0%} of {measured} ({block['capacity_rps']:.3f} requests/s); "
                   f"{len(block['repeats'])} repeats, policies back to back; failed or lost: {block['lost_requests']}.",
