@@ -65,7 +65,7 @@ def _estimators() -> dict:
     from predictor.checkpoint import load_checkpoint
     from predictor.estimator import LengthEstimator
     from predictor.model_files import model_weights_hash, resolve_model_source
-    from serving.config import head_checkpoint
+    from router.serving.config import head_checkpoint
 
     source = resolve_model_source("embedded")
     base = LengthEstimator.load(source, {"last": head_checkpoint("last")}, dtype=torch.float32, max_batch_size=8,
@@ -183,8 +183,8 @@ def markdown(result: dict) -> str:
 
 
 def _default_lines(result: dict) -> list[str]:
-    """What the stack's defaults (serving.config.PredictorSpec) get of the measured levers."""
-    from serving.config import PredictorSpec
+    """What the stack's defaults (router.serving.config.PredictorSpec) get of the measured levers."""
+    from router.serving.config import PredictorSpec
 
     spec = PredictorSpec()
     cost = next((r for r in result["cost"] if r["truncate_prompt_tokens"] == spec.truncate_prompt_tokens

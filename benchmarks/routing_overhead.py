@@ -27,7 +27,7 @@ import httpx
 
 from benchmarks.forelen.build import DEFAULT_OUT
 from predictor.dataset import load_samples
-from serving.config import DEFAULT_CHECKPOINTS
+from router.serving.config import DEFAULT_CHECKPOINTS
 from predictor.model_files import DEFAULT_MODEL_DIR
 
 RESULTS = Path(__file__).resolve().parent / "results"

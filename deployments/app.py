@@ -1,7 +1,7 @@
 """`serve run ray_config.yaml` enters here: config -> predictor + vLLM pools -> router ingress.
 
-The edge where the YAML's `args` become typed objects (serving.config.StackConfig) and the
-predictor's checkpoints become a typed routing plan (serving.config.RoutingPlan); everything the
+The edge where the YAML's `args` become typed objects (router.serving.config.StackConfig) and the
+predictor's checkpoints become a typed routing plan (router.serving.config.RoutingPlan); everything the
 deployments receive past this point is one of them.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from ray.serve import Application
 from ray.serve.config import BackpressureConfig
 
-from api.app import Router
+from router.api.app import Router
 from deployments.engine_pool import build_pool
 from deployments.learner_deployment import LengthLearner
 from deployments.predictor_deployment import LengthPredictor
@@ -21,8 +21,8 @@ from predictor.model_files import model_weights_hash, resolve_model_source
 from predictor.online import online_bins
 from predictor.online.learner import RECIPE
 from predictor.pooling import PoolingConfig
-from scheduling.policies import DEFAULT_HEAD, head_of
-from serving.config import REPO_ROOT, PredictorSpec, RoutingPlan, StackConfig
+from router.scheduling.policies import DEFAULT_HEAD, head_of
+from router.serving.config import REPO_ROOT, PredictorSpec, RoutingPlan, StackConfig
 
 
 def _checkpoint_meta(path: Path, model_path: str) -> CheckpointMeta:

@@ -11,7 +11,7 @@ import os
 from ray.serve.llm import LLMConfig, build_llm_deployment
 
 from predictor.model_files import resolve_model_source
-from serving.config import ModelSpec, PoolSpec, RouterSpec
+from router.serving.config import ModelSpec, PoolSpec, RouterSpec
 
 # vLLM's engine process inherits these from the replica; they keep the engine off any model hub.
 _ENGINE_ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1"}
@@ -60,9 +60,9 @@ def llm_config(model: ModelSpec, pool: PoolSpec, router: RouterSpec) -> LLMConfi
     # The router holds waiting requests itself (at most the pool's slots in flight); Ray's own
     # queue in front of the replicas only absorbs what several router replicas over-admit.
     deployment.setdefault("max_queued_requests", 2 * deployment.get("max_ongoing_requests", 16))
-    # The scheduling core's replica choice, reporting where each request went (serving.replica_router).
+    # The scheduling core's replica choice, reporting where each request went (router.serving.replica_router).
     deployment["request_router_config"] = {
-        "request_router_class": "serving.replica_router:LedgerRequestRouter",
+        "request_router_class": "router.serving.replica_router:LedgerRequestRouter",
         "request_router_kwargs": {"pool": pool.name, "choice": router.replica_choice},
     }
     return LLMConfig(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ray.serve import context as serve_context
 
-from serving.replica_ledger import ReplicaLedger
+from router.serving.replica_ledger import ReplicaLedger
 
 
 def sse(payload: dict) -> str:

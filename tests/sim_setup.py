@@ -7,8 +7,8 @@ from benchmarks.simulator.engine import EngineLimits
 from benchmarks.simulator.setup import Setup
 from benchmarks.simulator.step_time import StepTimeModel
 from predictor.head import LengthBins
-from scheduling.pools import Pools
-from serving.config import RoutingPlan, StackConfig
+from router.scheduling.pools import Pools
+from router.serving.config import RoutingPlan, StackConfig
 
 POOLS = ["short", "medium", "long"]
 BINS = LengthBins(edges=[0, 50, 200, 1024], centres=[25, 120, 600], max_tokens=1024)

@@ -14,7 +14,7 @@ from benchmarks.accuracy.variants import VARIANTS, select
 from benchmarks.predictor_accuracy import _figure_prompts, _overhead_prompts
 from predictor.fit import val_error
 from predictor.train import Example
-from scheduling.pools import Pools
+from router.scheduling.pools import Pools
 
 
 def test_length_class_boundaries():

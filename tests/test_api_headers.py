@@ -2,11 +2,11 @@
 
 import pytest
 
-from api.auth import Keys
-from api.headers import benchmark_overrides, routing_extension, routing_headers
-from scheduling.policies import POLICIES
-from scheduling.request import Prediction, Request
-from serving.errors import APIError
+from router.api.auth import Keys
+from router.api.headers import benchmark_overrides, routing_extension, routing_headers
+from router.scheduling.policies import POLICIES
+from router.scheduling.request import Prediction, Request
+from router.serving.errors import APIError
 
 POOLS = ["short", "medium", "long"]
 KEYS = Keys(api=frozenset(), benchmark=frozenset({"k"}))

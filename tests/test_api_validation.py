@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from api.auth import Keys
-from api.validation import check_request, parse_request
-from serving.config import RequestLimits
-from serving.errors import APIError
+from router.api.auth import Keys
+from router.api.validation import check_request, parse_request
+from router.serving.config import RequestLimits
+from router.serving.errors import APIError
 
 MODEL = "m"
 LIMITS = RequestLimits(max_n=8, max_prompts=4, max_stop=4)

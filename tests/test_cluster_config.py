@@ -13,7 +13,7 @@ import yaml
 
 from cluster.local import parse_worker
 from deployments.app import _build_predictor
-from serving.config import PoolSpec, StackConfig
+from router.serving.config import PoolSpec, StackConfig
 from deployments.engine_pool import NODE_GROUP_SHARE, engine_bundle, llm_config
 
 REPO = Path(__file__).resolve().parent.parent

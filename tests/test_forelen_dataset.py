@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks.forelen.datasheet import (ceiling_pool_accuracy, leave_one_out_medians, noise_floor_mae,
                                           target_samples, within_prompt_variance_share, write_datasheet)
-from scheduling.pools import Pools
+from router.scheduling.pools import Pools
 from benchmarks.forelen.sources import select_prompts
 from tests import FORELEN_TINY as FIXTURE
 

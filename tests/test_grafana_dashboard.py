@@ -9,7 +9,7 @@ DASHBOARD = REPO / "cluster" / "grafana" / "lengthserve-dashboard.json"
 
 
 def test_every_panel_queries_a_metric_the_router_declares():
-    declared = set(re.findall(r'"(lengthserve_[a-z_]+)"', (REPO / "serving" / "telemetry.py").read_text()))
+    declared = set(re.findall(r'"(lengthserve_[a-z_]+)"', (REPO / "router" / "serving" / "telemetry.py").read_text()))
     declared |= {f"lengthserve_live_{f}" for f in ("mae_tokens", "signed_error_tokens", "pool_accuracy", "concordance")}
     panels = json.loads(DASHBOARD.read_text())["panels"]
     assert panels

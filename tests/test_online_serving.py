@@ -11,14 +11,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from api.validation import parse_request
+from router.api.validation import parse_request
 from predictor.checkpoint import load_checkpoint
 from predictor.online import online_bins
 from predictor.online.publish import publish_head
-from scheduling.pools import Pools
-from serving.config import RoutingPlan, StackConfig, head_checkpoint
-from serving.pipeline import Overrides, Pipeline
-from serving.replica_ledger import ledger
+from router.scheduling.pools import Pools
+from router.serving.config import RoutingPlan, StackConfig, head_checkpoint
+from router.serving.pipeline import Overrides, Pipeline
+from router.serving.replica_ledger import ledger
 from tests import MODEL_DIR
 from tests.fakes import FakePool, FakePredictor
 

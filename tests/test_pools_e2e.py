@@ -17,14 +17,14 @@ import httpx
 import psutil
 import pytest
 
-from scheduling.pools import Pools
+from router.scheduling.pools import Pools
 
 from tests.stack import RunningStack
 
 pytestmark = [pytest.mark.stack, pytest.mark.own_cluster]
 
 POOLS = ["short", "medium", "long"]
-API_KEY = "pools-test-key"  # this stack also serves with API keys on (api.auth)
+API_KEY = "pools-test-key"  # this stack also serves with API keys on (router.api.auth)
 POOL_ARGS = {
     "pools": [{"name": name, "deployment": {"num_replicas": 1, "max_ongoing_requests": 16}} for name in POOLS],
     "predictor": {"predict": "all"},  # work policies (via the benchmark header) predict every request too

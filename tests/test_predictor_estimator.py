@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from serving.config import DEFAULT_CHECKPOINTS
+from router.serving.config import DEFAULT_CHECKPOINTS
 from predictor.checkpoint import BaseModelMismatchError, CheckpointMeta, load_checkpoint, save_checkpoint
 from predictor.estimator import LengthEstimator, shared_features
 from predictor.features import extract_features, micro_batches, pad_left

@@ -22,7 +22,7 @@ POOL = "ids-test"
 
 @serve.deployment(num_replicas=2, max_ongoing_requests=2, ray_actor_options={"num_cpus": 0},
                   request_router_config=RequestRouterConfig(
-                      request_router_class="serving.replica_router:LedgerRequestRouter",
+                      request_router_class="router.serving.replica_router:LedgerRequestRouter",
                       request_router_kwargs={"pool": POOL}))
 class Echo:
     """Streams, as vLLM's LLMServer does, SSE chunks naming its replica and the call's internal id."""
@@ -45,8 +45,8 @@ class Echo:
 @serve.deployment(ray_actor_options={"num_cpus": 0})
 class FanOut:
     def __init__(self, pool):
-        from serving.pool_client import PoolClient
-        from serving.replica_ledger import ledger
+        from router.serving.pool_client import PoolClient
+        from router.serving.replica_ledger import ledger
 
         self.client = PoolClient(POOL, pool, ledger(POOL))
 
@@ -54,8 +54,8 @@ class FanOut:
         """Each call: {"tokens", "pin" (a replica index or None), "delay_s"}; all from this one request."""
         from ray.serve import context
 
-        from scheduling.request import Request
-        from serving.rollout import RolloutRunner
+        from router.scheduling.request import Request
+        from router.serving.rollout import RolloutRunner
 
         replicas = sorted(self.client.ledger.live_replicas())
         parent = context._get_serve_request_context()._internal_request_id

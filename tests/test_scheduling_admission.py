@@ -2,7 +2,7 @@
 
 import random
 
-from scheduling.admission import Admission, AdmissionQueue, QueueOrder
+from router.scheduling.admission import Admission, AdmissionQueue, QueueOrder
 
 SJF = QueueOrder(max_overtake_s=100.0, horizon_tokens=1000.0, prior_tokens=500.0)
 

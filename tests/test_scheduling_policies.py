@@ -5,11 +5,11 @@ import random
 import pytest
 
 from predictor.head import LengthBins, LengthPrediction
-from scheduling.admission import QueueOrder
-from scheduling.policies import POLICIES, NoDecision, PolicyChain, PolicyContext
-from scheduling.pools import Pools
-from scheduling.request import Prediction, Request
-from scheduling.scheduler import Ranking, Scheduler
+from router.scheduling.admission import QueueOrder
+from router.scheduling.policies import POLICIES, NoDecision, PolicyChain, PolicyContext
+from router.scheduling.pools import Pools
+from router.scheduling.request import Prediction, Request
+from router.scheduling.scheduler import Ranking, Scheduler
 
 POOLS = ["short", "medium", "long"]
 EDGES = Pools(tuple(POOLS), (100.0, 300.0))

@@ -6,12 +6,12 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from api.app import Router
+from router.api.app import Router
 from deployments.app import router_options
 from deployments.engine_pool import engine_env, llm_config
 from predictor.head import LengthBins
-from scheduling.pools import Pools
-from serving.config import DEFAULT_CHECKPOINTS, PoolSpec, RoutingPlan, StackConfig, build_scheduler
+from router.scheduling.pools import Pools
+from router.serving.config import DEFAULT_CHECKPOINTS, PoolSpec, RoutingPlan, StackConfig, build_scheduler
 from tests import MODEL_DIR
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,7 +100,7 @@ def test_cpu_engines_share_the_cores_and_priority_scheduling_is_switchable(monke
     fifo = config.router.model_copy(update={"shortest_first": False})
     assert "scheduling_policy" not in llm_config(config.model, pool, fifo).engine_kwargs
     router = with_priority.deployment_config["request_router_config"]
-    assert router["request_router_class"] == "serving.replica_router:LedgerRequestRouter"
+    assert router["request_router_class"] == "router.serving.replica_router:LedgerRequestRouter"
     assert router["request_router_kwargs"] == {"pool": "default", "choice": "least_inflight"}
 
 

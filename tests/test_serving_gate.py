@@ -4,11 +4,11 @@ import asyncio
 
 import pytest
 
-from scheduling.admission import QueueOrder
-from scheduling.pools import Pools
-from scheduling.request import Request
-from scheduling.scheduler import Scheduler
-from serving.gate import Gate, QueueFull
+from router.scheduling.admission import QueueOrder
+from router.scheduling.pools import Pools
+from router.scheduling.request import Request
+from router.scheduling.scheduler import Scheduler
+from router.serving.gate import Gate, QueueFull
 
 
 def _gate(slots=1, waiting_per_slot=None) -> Gate:

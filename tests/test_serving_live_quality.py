@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from serving.live_quality import LiveQuality
+from router.serving.live_quality import LiveQuality
 
 
 def _feed(quality: LiveQuality, n: int, informative: bool, rng: random.Random) -> list[bool]:

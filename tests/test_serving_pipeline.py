@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from api.validation import parse_request
+from router.api.validation import parse_request
 from predictor.head import LengthBins
-from scheduling.pools import Pools
-from serving.config import RoutingPlan, StackConfig
-from serving.errors import APIError
-from serving.pipeline import Overrides, Pipeline
-from serving.replica_ledger import ledger
+from router.scheduling.pools import Pools
+from router.serving.config import RoutingPlan, StackConfig
+from router.serving.errors import APIError
+from router.serving.pipeline import Overrides, Pipeline
+from router.serving.replica_ledger import ledger
 from tests import MODEL_DIR
 from tests.fakes import FakePool, FakePredictor
 

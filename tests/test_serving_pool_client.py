@@ -6,11 +6,11 @@ import json
 import pytest
 from ray.serve import context as serve_context
 
-from api.validation import parse_request
-from scheduling.request import Request
-from serving.errors import APIError
-from serving.pool_client import PoolClient, ReplicaFailed
-from serving.replica_ledger import ReplicaLedger
+from router.api.validation import parse_request
+from router.scheduling.request import Request
+from router.serving.errors import APIError
+from router.serving.pool_client import PoolClient, ReplicaFailed
+from router.serving.replica_ledger import ReplicaLedger
 from tests.fakes import FakePool, chunks
 
 

@@ -3,8 +3,8 @@
 import asyncio
 from types import SimpleNamespace
 
-from serving import readiness
-from serving.readiness import Readiness
+from router.serving import readiness
+from router.serving.readiness import Readiness
 
 
 def _status(states: dict[str, dict]):

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from api.validation import parse_request, request_kind
-from serving.render import UnsupportedPrompt, prompt_ids
+from router.api.validation import parse_request, request_kind
+from router.serving.render import UnsupportedPrompt, prompt_ids
 from tests import MODEL_DIR
 
 

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 from ray.serve._private.request_router.common import PendingRequest
 
-from scheduling.replica_choice import ReplicaLoad, least_work, power_of_two, rank_replicas
-from scheduling.request import Prediction, Request
-from serving.replica_ledger import ReplicaLedger
-from serving.replica_router import LedgerRequestRouter
+from router.scheduling.replica_choice import ReplicaLoad, least_work, power_of_two, rank_replicas
+from router.scheduling.request import Prediction, Request
+from router.serving.replica_ledger import ReplicaLedger
+from router.serving.replica_router import LedgerRequestRouter
 
 
 def _ledger(*replicas) -> ReplicaLedger:

@@ -6,14 +6,14 @@ import asyncio
 
 import pytest
 
-from scheduling.pools import Pools
-from scheduling.request import Request
-from scheduling.scheduler import Scheduler
-from serving.errors import APIError
-from serving.gate import Gate, QueueFull
-from serving.pool_client import PoolClient
-from serving.replica_ledger import ReplicaLedger
-from serving.rollout import RolloutRequest, RolloutRunner
+from router.scheduling.pools import Pools
+from router.scheduling.request import Request
+from router.scheduling.scheduler import Scheduler
+from router.serving.errors import APIError
+from router.serving.gate import Gate, QueueFull
+from router.serving.pool_client import PoolClient
+from router.serving.replica_ledger import ReplicaLedger
+from router.serving.rollout import RolloutRequest, RolloutRunner
 from tests.fakes import FakePool
 
 

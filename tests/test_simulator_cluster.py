@@ -10,11 +10,11 @@ from benchmarks.simulator.cluster import ClusterSpec, simulate, simulate_rollout
 from benchmarks.simulator.engine import EngineLimits
 from benchmarks.simulator.step_time import StepTimeModel
 from benchmarks.simulator.workload import Workload
-from scheduling.admission import QueueOrder
-from scheduling.policies import POLICIES
-from scheduling.pools import Pools
-from scheduling.request import Prediction, Request
-from scheduling.scheduler import Scheduler
+from router.scheduling.admission import QueueOrder
+from router.scheduling.policies import POLICIES
+from router.scheduling.pools import Pools
+from router.scheduling.request import Prediction, Request
+from router.scheduling.scheduler import Scheduler
 
 POOLS = ("short", "medium", "long")
 EDGES = Pools(POOLS, (50.0, 200.0))
@@ -161,10 +161,10 @@ def test_a_simulated_makespan_rollout_starts_longest_first_on_the_least_loaded_r
 
 def test_the_simulator_and_the_router_place_a_makespan_rollout_alike():
     """One plan, two drivers: the first slots go to the same samples on the same replicas."""
-    from serving.gate import Gate
-    from serving.pool_client import PoolClient
-    from serving.replica_ledger import ReplicaLedger
-    from serving.rollout import RolloutRequest, RolloutRunner
+    from router.serving.gate import Gate
+    from router.serving.pool_client import PoolClient
+    from router.serving.replica_ledger import ReplicaLedger
+    from router.serving.rollout import RolloutRequest, RolloutRunner
     from tests.fakes import FakePool
 
     lengths = [100, 10, 50, 70]

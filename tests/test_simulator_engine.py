@@ -8,9 +8,9 @@ from benchmarks.simulator.cluster import ClusterSpec, simulate
 from benchmarks.simulator.engine import EngineLimits
 from benchmarks.simulator.step_time import StepTimeModel
 from benchmarks.simulator.workload import Workload
-from scheduling.pools import Pools
-from scheduling.request import Request
-from scheduling.scheduler import Scheduler
+from router.scheduling.pools import Pools
+from router.scheduling.request import Request
+from router.scheduling.scheduler import Scheduler
 
 ONE_SECOND_STEPS = StepTimeModel(const=1.0, decode_seqs=0.0, prefill_tokens=0.0, kv_tokens=0.0)
 LIMITS = EngineLimits(max_num_seqs=8, max_num_batched_tokens=100, kv_cache_tokens=10_000)

@@ -42,7 +42,7 @@ def _timed_run(name: str, seed: int, n: int, span_s: float, machine):
 
     from benchmarks.simulator.setup import load_setup
     from benchmarks.simulator.validation import Run, simulated
-    from scheduling.request import Request
+    from router.scheduling.request import Request
 
     rng = np.random.default_rng(seed)
     arrival = np.sort(rng.uniform(0, span_s, n))
@@ -62,7 +62,8 @@ def test_the_fit_finds_the_step_time_factors_a_run_was_timed_with():
 
     from benchmarks.simulator.setup import load_setup
     from benchmarks.simulator.hops import Hops
-    from benchmarks.simulator.validation import Fit, fit_scales, simulated
+    from benchmarks.simulator.fit import Fit
+    from benchmarks.simulator.validation import fit_scales, simulated
 
     setup, run = load_setup(), _timed_run("synthetic", 0, 60, 40, Fit(0.4, 0.6, 0.5))
     fit = fit_scales([run], setup, Hops(), probe_tokens=40, probe_sizes=set())
@@ -77,8 +78,9 @@ def test_the_same_workload_comparison_replays_a_run_both_ways():
     import numpy as np
 
     from benchmarks.simulator.setup import SINGLE_POOL, load_setup
-    from benchmarks.simulator.validation import Fit, Run, same_workload
-    from scheduling.request import Prediction, Request
+    from benchmarks.simulator.fit import Fit
+    from benchmarks.simulator.validation import Run, same_workload
+    from router.scheduling.request import Prediction, Request
 
     setup, rng, n = load_setup(), np.random.default_rng(1), 128
     output = rng.choice([20, 1000], n)
@@ -100,8 +102,9 @@ def test_where_nothing_waits_the_same_workload_shows_no_order_effect_whatever_th
 
     from benchmarks.replay.probe import Probe
     from benchmarks.simulator.setup import SINGLE_POOL, load_setup
-    from benchmarks.simulator.validation import Fit, Run, same_workload
-    from scheduling.request import Prediction, Request
+    from benchmarks.simulator.fit import Fit
+    from benchmarks.simulator.validation import Run, same_workload
+    from router.scheduling.request import Prediction, Request
 
     setup, n = load_setup(), 20
     output = np.full(n, 50)
@@ -124,8 +127,9 @@ def test_a_run_probed_slower_than_the_fit_runs_is_timed_that_much_slower():
     from benchmarks.simulator.setup import load_setup
     from benchmarks.replay.probe import Probe
     from benchmarks.simulator.hops import Hops
-    from benchmarks.simulator.validation import Fit, Run, fit_scales, probe_step_s, simulated
-    from scheduling.request import Request
+    from benchmarks.simulator.fit import Fit
+    from benchmarks.simulator.validation import Run, fit_scales, probe_step_s, simulated
+    from router.scheduling.request import Request
 
     setup = load_setup()
     requests = [Request("r0", "ray_default", arrival=0.0, prompt_tokens=50, max_tokens=1024)]
@@ -153,7 +157,7 @@ def test_a_machine_probed_at_two_sizes_is_split_into_fixed_cost_and_per_sequence
     split gives back 3x on the fixed cost and 1x on the work; an even slowdown is the one-size factor."""
     from benchmarks.replay.probe import Probe
     from benchmarks.simulator.setup import load_setup
-    from benchmarks.simulator.validation import Fit
+    from benchmarks.simulator.fit import Fit
 
     base = load_setup().model
     fit = Fit(0.8, 0.4, 0.5, references={8: 0.05, 32: 0.08}, probe_prompt_tokens=40)
@@ -181,7 +185,8 @@ def test_a_fit_on_unprobed_runs_times_a_run_probed_on_a_slower_machine():
     from benchmarks.simulator.setup import load_setup
     from benchmarks.replay.probe import Probe
     from benchmarks.simulator.hops import Hops
-    from benchmarks.simulator.validation import Fit, fit_scales, probe_step_s, simulated
+    from benchmarks.simulator.fit import Fit
+    from benchmarks.simulator.validation import fit_scales, probe_step_s, simulated
 
     setup, machine, slow_machine = load_setup(), Fit(0.5, 0.7, 0.6, 0.7), Fit(1.0, 1.4, 1.2, 1.4)
     old = _timed_run("old", 1, 40, 30, machine)

@@ -3,7 +3,7 @@
 Per variant, seed and fold: train on the training folds (early stopping and calibration on their
 inner validation part, benchmarks.accuracy.folds), predict the held-out fold, and keep, per
 prompt, what a scheduler reads: expected length, p10/p50/p90 and the pool the router would pick
-(most predicted mass, scheduling.pools). Those out-of-fold predictions are stored per variant
+(most predicted mass, router.scheduling.pools). Those out-of-fold predictions are stored per variant
 and seed under the cache folder, keyed by the variant and the data, so a stopped run resumes and
 a rerun only trains what changed.
 """
@@ -29,7 +29,7 @@ from predictor.head import LengthBins
 from predictor.losses import LossConfig
 from predictor.targets import sample_rows
 from predictor.train import Example
-from scheduling.pools import Pools
+from router.scheduling.pools import Pools
 
 FIELDS = ("expected", "p10", "p50", "p90", "pool")
 

@@ -24,7 +24,7 @@ from benchmarks.accuracy.crossval import Corpus, from_points
 from benchmarks.accuracy.folds import fold_split
 from benchmarks.accuracy.metrics import average, clustered_se, scores
 from predictor.calibration import interval_coverage
-from scheduling.pools import Pools
+from router.scheduling.pools import Pools
 
 
 def _metrics(pred: dict[str, np.ndarray], truth: np.ndarray, prompts: np.ndarray, true_pool: np.ndarray,

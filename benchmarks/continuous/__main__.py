@@ -138,7 +138,7 @@ def _stock(args, name: str, trace) -> None:
     from benchmarks.replay.actors import connect, spawn_actors
     from benchmarks.replay.runs import execute, run_path
     from benchmarks.replay.stack import REPO, RunningStack
-    from serving.config import StackConfig
+    from router.serving.config import StackConfig
 
     todo = [k for k in range(args.repeats) if not run_path(f"{name}/{bursts.STOCK}/r{k}").exists()]
     if not todo:

@@ -37,8 +37,8 @@ from benchmarks.replay.probe import read_probe
 from benchmarks.replay.runs import RUNS, RunRecord, read_run, run_path
 from benchmarks.replay.trace import TraceRequest, arrival_times, build_trace
 from deployments.engine_pool import llm_config
-from scheduling.policies import head_of
-from serving.config import StackConfig
+from router.scheduling.policies import head_of
+from router.serving.config import StackConfig
 
 BURST = 128
 BURST_MAX_TOKENS = 1024

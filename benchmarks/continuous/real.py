@@ -102,7 +102,7 @@ def burst_summary(records: list[RequestRecord]) -> dict:
 @contextlib.contextmanager
 def bare_vllm(workdir: Path):
     """A bare vLLM OpenAI server with ray_config.yaml's engine settings, on a free port."""
-    from serving.config import StackConfig
+    from router.serving.config import StackConfig
     from deployments.engine_pool import engine_env
     from predictor.model_files import resolve_model_source
 

@@ -31,7 +31,7 @@ METRICS = ("mean_jct_s", "p50_jct_s", "p99_jct_s", "short_p99_jct_s", "mean_ttft
 DESIGN_REPLICAS = 100
 AGING_S = (0.0, 15.0, 30.0, 60.0, 120.0, 300.0, 1e9)  # 0: FIFO; 1e9: pure shortest-first (no aging)
 RANK_BY = ("mean", "p50", "p90")
-REPLICA_CHOICES = ("power_of_two", "least_inflight")  # scheduling.replica_choice
+REPLICA_CHOICES = ("power_of_two", "least_inflight")  # router.scheduling.replica_choice
 
 
 def requests_for(replicas: int) -> int:

@@ -28,7 +28,7 @@ from benchmarks.forelen.build import DEFAULT_OUT
 from benchmarks.forelen.sources import SCENARIOS, SPLIT_FRACTIONS
 from predictor.checkpoint import read_meta
 from predictor.dataset import load_meta, load_samples
-from scheduling.pools import Pools
+from router.scheduling.pools import Pools
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)

@@ -70,7 +70,7 @@ def account(trace: list[TraceRequest], records: list[RequestRecord]) -> Accounti
 def benchmark_headers(request: TraceRequest, policy: str | None, pool: str | None = None) -> dict[str, str]:
     """What the router's benchmark option reads; nothing at all without a policy. Known-length
     policies are told the true length, or the prompt's median for the ceiling. The benchmark key
-    (api.auth) comes from LENGTHSERVE_BENCHMARK_KEY in this process's environment: the replay
+    (router.api.auth) comes from LENGTHSERVE_BENCHMARK_KEY in this process's environment: the replay
     actors inherit it from the cluster, RunningStack sets it for the stacks it starts. A
     fixed-length request says its length to the engines alone (X-Fixed-Output-Tokens)."""
     if policy is None:

@@ -2,7 +2,7 @@
 
 A run replays a trace against a running stack from the replay actors (benchmarks.replay.actors).
 The client's records say when each request was sent, got its first token and ended; the router's
-request log (serving.request_log, `router.request_log` set on the stack) says when it was decided,
+request log (router.serving.request_log, `router.request_log` set on the stack) says when it was decided,
 waited, dispatched, on which replica, with what rank, and when its prediction landed. Joined by
 the id the client sends (X-Request-Id), one `RunRecord` per request, all on the run's clock
 (seconds from its start), written to `benchmarks/results/runs/<run>.jsonl`, and beside them the

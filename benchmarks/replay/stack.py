@@ -41,7 +41,7 @@ def _merge(base: dict, override: dict) -> dict:
 class RunningStack:
     def __init__(self, workdir: Path, args_override: dict | None = None, ray_address: str = "local",
                  api_key: str | None = None, application: dict | None = None):
-        """`api_key`: serve with API keys on (api.auth), this one the only key; `application`:
+        """`api_key`: serve with API keys on (router.api.auth), this one the only key; `application`:
         serve this application (a Serve config's entry, e.g. Ray Serve LLM's own app) instead of
         ray_config.yaml's, with ray_config's HTTP options."""
         config = yaml.safe_load((REPO / "ray_config.yaml").read_text())
@@ -55,7 +55,7 @@ class RunningStack:
             self.model = app["args"]["model"]["id"]
         else:
             self.model = app["args"]["llm_configs"][0]["model_loading_config"]["model_id"]
-        # The router accepts benchmark headers only with a key of its own (api.auth): a fresh
+        # The router accepts benchmark headers only with a key of its own (router.api.auth): a fresh
         # one per stack, in the stack's environment (so its replay actors have it) and in ours.
         self.benchmark_key = None
         if application is None and app["args"].get("router", {}).get("benchmark_headers"):

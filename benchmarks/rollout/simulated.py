@@ -1,5 +1,5 @@
 """Rollout schedules at 10 / 100 / 1,000 replicas in the simulator, through the router's own rollout
-plans (scheduling.rollout_plans) and replica choice (benchmarks.simulator).
+plans (router.scheduling.rollout_plans) and replica choice (benchmarks.simulator).
 
 A batch is every sample at t = 0. `makespan` takes the longest estimate first onto the replica with
 the least predicted work; `padding` runs groups of similar estimates, one group per replica at a

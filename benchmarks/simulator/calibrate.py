@@ -34,7 +34,7 @@ MAX_PREFILL_PER_RUN = 8192  # prompt tokens per run: prefill on one CPU thread i
 
 
 def stack_model(config_path: Path = REPO / "ray_config.yaml"):
-    from serving.config import StackConfig
+    from router.serving.config import StackConfig
 
     app = yaml.safe_load(config_path.read_text())["applications"][0]
     return StackConfig.model_validate(app["args"]), app.get("runtime_env", {}).get("env_vars", {})

@@ -4,13 +4,13 @@ replicas are chosen by its replica choice, and modelled engines step.
 A pool is a Ray Serve deployment of identical replicas, each accepting at most
 `max_ongoing_requests`. Every decision is the stack's code, on the simulation's clock:
 - online (`continuous`): each arrival goes through `Scheduler.decide` and `Scheduler.admit`
-  (scheduling.scheduler): it dispatches while its pool has a free slot and waits in the pool's
+  (router.scheduling.scheduler): it dispatches while its pool has a free slot and waits in the pool's
   queue otherwise; a freed slot goes to `Scheduler.release`'s pick, on the replica that
-  `rank_replicas` (scheduling.replica_choice) ranks first among those with room;
+  `rank_replicas` (router.scheduling.replica_choice) ranks first among those with room;
 - `batch`: the replay's batch-synchronous mode: every request is there at t = 0, the policy plans
   its pool beforehand (no spillover), and each replica decodes one group of `batch_size` at a time;
 - rollouts (`simulate_rollout`): every sample is there at t = 0, and the rollout's plan
-  (scheduling.rollout_plans) picks which sample takes each freed slot and which replica it asks
+  (router.scheduling.rollout_plans) picks which sample takes each freed slot and which replica it asks
   for, exactly as the router's rollout runner does; `padding` runs similar-length groups, one
   group per replica at a time.
 Events are the next arrival (a pointer into the sorted workload) and each replica's end of its
@@ -33,11 +33,11 @@ from pydantic import BaseModel
 from benchmarks.simulator.engine import Engine, EngineLimits, Sequence
 from benchmarks.simulator.step_time import StepTimeModel
 from benchmarks.simulator.workload import Workload
-from scheduling.admission import Admission
-from scheduling.replica_choice import Choice, ReplicaLoad, rank_replicas
-from scheduling.request import Request
-from scheduling.rollout_plans import RolloutPlan, padding_groups, remaining_tokens
-from scheduling.scheduler import Scheduler
+from router.scheduling.admission import Admission
+from router.scheduling.replica_choice import Choice, ReplicaLoad, rank_replicas
+from router.scheduling.request import Request
+from router.scheduling.rollout_plans import RolloutPlan, padding_groups, remaining_tokens
+from router.scheduling.scheduler import Scheduler
 
 
 class ClusterSpec(BaseModel):

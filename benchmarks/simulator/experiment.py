@@ -16,8 +16,8 @@ from benchmarks.simulator.cluster import Outcome, simulate, simulate_rollout
 from benchmarks.simulator.hops import REPLICAS_PER_PROXY
 from benchmarks.simulator.setup import Setup
 from benchmarks.simulator.workload import Workload, build_workload, head_for, known_lengths
-from scheduling.admission import QueueStats
-from scheduling.policies import POLICIES
+from router.scheduling.admission import QueueStats
+from router.scheduling.policies import POLICIES
 
 # Modes: open loop and batch-synchronous replays decided by the router's scheduler; a rollout's
 # schedules (every sample there at t = 0) by its plans.

@@ -2,7 +2,7 @@
 
 The simulator must route on what the deployed predictor would answer, so the predictions come
 from the committed checkpoints through the estimator's own head path
-(predictor.estimator.head_predictions), on the token ids the router computes (`serving.render`
+(predictor.estimator.head_predictions), on the token ids the router computes (`router.serving.render`
 on the chat request a client sends, cut to the tail the deployed predictor reads:
 predictor.truncate_prompt_tokens). Where the training feature cache (predictor/cache, filled by
 `predictor.train` and the accuracy benchmark) holds a prompt's prefill features, they are reused:
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from benchmarks.forelen.build import DEFAULT_OUT
 from predictor.dataset import load_samples
-from serving.config import HEAD_CHECKPOINTS, head_checkpoint
+from router.serving.config import HEAD_CHECKPOINTS, head_checkpoint
 from predictor.head import LengthPrediction
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -51,7 +51,7 @@ def chat_body(model_id: str, prompt: str, max_tokens: int | None):
 
 
 def router_ids(tokenizer, model_id: str, prompt: str) -> list[int]:
-    from serving.render import prompt_ids
+    from router.serving.render import prompt_ids
 
     return prompt_ids(tokenizer, chat_body(model_id, prompt, None), "chat")[0]
 

@@ -4,7 +4,7 @@ One place reads ray_config.yaml (pools, per-replica limits, router settings), th
 calibration (the model and the engine's scheduler limits), and the predictor heads with their
 cached predictions, so every run simulates the stack a user would start. A simulated cluster is
 described as the stack's own config with its pools resized (`Setup.stack_for`), and its
-scheduler is built by the stack's own builder (serving.config.build_scheduler): the simulator's
+scheduler is built by the stack's own builder (router.serving.config.build_scheduler): the simulator's
 defaults are ray_config.yaml's.
 """
 
@@ -19,16 +19,17 @@ from benchmarks.forelen.build import DEFAULT_OUT
 from benchmarks.simulator.calibrate import CALIBRATION, stack_model
 from benchmarks.simulator.cluster import ClusterSpec
 from benchmarks.simulator.engine import EngineLimits
+from benchmarks.simulator.fit import Fit
 from benchmarks.simulator.hops import Hops
 from benchmarks.simulator.predictions import CHECKPOINTS, load_cache
 from benchmarks.simulator.step_time import StepTimeModel
 from predictor.checkpoint import load_checkpoint
 from predictor.dataset import load_samples
 from predictor.head import LengthBins, LengthPrediction
-from scheduling.policies import POLICIES
-from scheduling.pools import Pools
-from scheduling.scheduler import Scheduler
-from serving.config import PoolSpec, RoutingPlan, StackConfig, build_scheduler, head_checkpoint
+from router.scheduling.policies import POLICIES
+from router.scheduling.pools import Pools
+from router.scheduling.scheduler import Scheduler
+from router.serving.config import PoolSpec, RoutingPlan, StackConfig, build_scheduler, head_checkpoint
 
 SINGLE_POOL = "default"
 # The paper's length pools, for the pool policies when ray_config.yaml runs a single pool, and the
@@ -146,8 +147,6 @@ VALIDATION = Path(__file__).resolve().parents[1] / "results" / "simulator_valida
 def validated_setup(calibration: Path = CALIBRATION, validation: Path = VALIDATION) -> Setup:
     """The setup with the factors and hops the validation against the real stack fitted (the
     calibration alone if no validation has run yet)."""
-    from benchmarks.simulator.validation import Fit
-
     setup = load_setup(calibration)
     if not validation.exists():
         return setup

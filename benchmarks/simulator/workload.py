@@ -2,7 +2,7 @@
 
 The trace (benchmarks.replay.trace) gives arrivals, prompts and true lengths; the prediction
 caches give the predictor's answer for each prompt, described for the pools exactly as the
-router describes it (scheduling.pools). Prompts longer than the predictor's `max_prompt_tokens`
+router describes it (router.scheduling.pools). Prompts longer than the predictor's `max_prompt_tokens`
 get no prediction, as in the router, and the policy falls back. Known-length policies are told
 the true length (the oracles) or the prompt's median over its other samples (the ceiling). The
 oracle can be given noise (`noise` = sigma of a log-normal factor on each true length) to stand
@@ -17,9 +17,9 @@ import numpy as np
 
 from benchmarks.replay.trace import TraceRequest
 from predictor.head import LengthBins, LengthPrediction
-from scheduling.policies import DEFAULT_HEAD, POLICIES, head_of
-from scheduling.pools import Pools
-from scheduling.request import Request
+from router.scheduling.policies import DEFAULT_HEAD, POLICIES, head_of
+from router.scheduling.pools import Pools
+from router.scheduling.request import Request
 
 
 @dataclass

@@ -4,7 +4,7 @@ A request must not fail because its length could not be predicted, so every fail
 deployment, a dead replica, a slow batch, an unreadable prompt) becomes a short reason that the
 router labels its fallback with. The deployment answers each head's distribution; describing it
 for the pools (capped expectation, quantiles, the pool with the most mass) is the router's
-(scheduling.pools).
+(router.scheduling.pools).
 
 Concurrency is bounded (`max_concurrent`, one full prefill batch per predictor replica by
 default): the predictor never queues more than it can batch, so it cannot fall further and
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from ray.serve.handle import DeploymentHandle
 
 from predictor.head import LengthBins, LengthPrediction
-from scheduling.pools import Pools
-from scheduling.request import Prediction
+from router.scheduling.pools import Pools
+from router.scheduling.request import Prediction
 
 log = logging.getLogger("ray.serve")
 

@@ -1,10 +1,10 @@
 """The HTTP front door: an OpenAI-compatible API over the serving pipeline. Routes and error handlers only.
 
 It is the application's ingress deployment; the predictor and the vLLM pools sit behind
-DeploymentHandles, reached only through the pipeline (serving.pipeline). A request is
-authenticated before its body is read (api.auth), size-limited (api.validation.BodyLimit),
-parsed into vLLM's protocol models (api.protocol) and checked (api.validation); the pipeline
-serves it; this turns the outcome into JSON or SSE with the routing headers (api.headers), and
+DeploymentHandles, reached only through the pipeline (router.serving.pipeline). A request is
+authenticated before its body is read (router.api.auth), size-limited (router.api.validation.BodyLimit),
+parsed into vLLM's protocol models (router.api.protocol) and checked (router.api.validation); the pipeline
+serves it; this turns the outcome into JSON or SSE with the routing headers (router.api.headers), and
 any failure into an OpenAI-format error.
 """
 
@@ -23,16 +23,16 @@ from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from vllm.exceptions import VLLMValidationError
 
-from api.auth import AuthMiddleware, Keys
-from api.errors import error_response
-from api.headers import benchmark_overrides, prediction_json, routing_extension, routing_headers
-from api.protocol import ChatBody, CompletionBody
-from api.validation import BodyLimit, check_request, parse_request, request_kind, validation_error
-from serving.config import RoutingPlan, StackConfig
-from serving.errors import APIError
-from serving.pipeline import Overrides, Pipeline, Served
-from serving.readiness import Readiness
-from serving.rollout import RolloutRequest
+from router.api.auth import AuthMiddleware, Keys
+from router.api.errors import error_response
+from router.api.headers import benchmark_overrides, prediction_json, routing_extension, routing_headers
+from router.api.protocol import ChatBody, CompletionBody
+from router.api.validation import BodyLimit, check_request, parse_request, request_kind, validation_error
+from router.serving.config import RoutingPlan, StackConfig
+from router.serving.errors import APIError
+from router.serving.pipeline import Overrides, Pipeline, Served
+from router.serving.readiness import Readiness
+from router.serving.rollout import RolloutRequest
 
 log = logging.getLogger("ray.serve")
 HEALTH, LIVENESS = "/health", "/health/live"
@@ -194,7 +194,7 @@ class Router:
 
     @api.post("/v1/rollout")
     async def rollout_http(self, body: RolloutRequest, request: Request) -> dict:
-        """The rollout endpoint (serving.rollout): every sample of a batch, with its length and timing."""
+        """The rollout endpoint (router.serving.rollout): every sample of a batch, with its length and timing."""
         if body.known_tokens is not None:  # told lengths steer the schedule, as the oracle header does
             if not self._config.router.benchmark_headers:
                 raise APIError(400, "known_tokens: benchmark headers are off (router.benchmark_headers: false).",

@@ -20,13 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from predictor.checkpoint import read_meta
 from predictor.head import LengthBins
-from scheduling.admission import QueueOrder
-from scheduling.policies import DEFAULT_HEAD, FALLBACKS, HEADS, POLICIES, head_of
-from scheduling.pools import Pools
-from scheduling.replica_choice import Choice
-from scheduling.scheduler import Ranking, Scheduler
+from router.scheduling.admission import QueueOrder
+from router.scheduling.policies import DEFAULT_HEAD, FALLBACKS, HEADS, POLICIES, head_of
+from router.scheduling.pools import Pools
+from router.scheduling.replica_choice import Choice
+from router.scheduling.scheduler import Ranking, Scheduler
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ONLINE = "online"  # predictor.checkpoint: start with no offline head
 DEFAULT_CHECKPOINTS = REPO_ROOT / "predictor" / "checkpoints"
 # Each head's committed checkpoint folder (predictor/checkpoints/<folder>/head).
@@ -205,7 +205,7 @@ class OnlineSpec(_Strict):
 
 
 class QueueSpec(_Strict):
-    """The router's admission queue per pool (scheduling.admission): where requests wait for a slot."""
+    """The router's admission queue per pool (router.scheduling.admission): where requests wait for a slot."""
 
     max_waiting_per_slot: float = Field(
         4.0, gt=0, description="a pool's queue holds this many waiting requests per slot (max_ongoing_requests "
@@ -227,7 +227,7 @@ class QueueSpec(_Strict):
 
 
 class LiveQualitySpec(_Strict):
-    """When the router stops trusting the predictor (serving.live_quality)."""
+    """When the router stops trusting the predictor (router.serving.live_quality)."""
 
     window: int = Field(200, gt=1, description="completed requests scored")
     floor: float = Field(0.55, ge=0, le=1, description="rank concordance below which the router goes length-blind")
@@ -236,7 +236,7 @@ class LiveQualitySpec(_Strict):
 
 
 class RequestLimits(_Strict):
-    """What one request may ask for (api.validation): beyond these, 400."""
+    """What one request may ask for (router.api.validation): beyond these, 400."""
 
     max_n: int = Field(8, gt=0, description="completions per request (`n`): one client must not hold an engine")
     max_prompts: int = Field(16, gt=0, description="prompts in one /v1/completions call")
@@ -248,7 +248,7 @@ class RequestLimits(_Strict):
 
 
 class AuthSpec(_Strict):
-    """API keys come from the environment (api.auth), never from this file."""
+    """API keys come from the environment (router.api.auth), never from this file."""
 
     protect_health: bool = Field(False, description="require an API key for /health too")
 
@@ -259,7 +259,7 @@ class RouterSpec(_Strict):
         "ray_default", description="used when the predictor fails, times out or cannot read the prompt",
     )
     replica_choice: Choice = Field(
-        "least_inflight", description="which replica of a pool takes a request (scheduling.replica_choice): "
+        "least_inflight", description="which replica of a pool takes a request (router.scheduling.replica_choice): "
         "least_inflight, or power_of_two (Ray Serve's own)",
     )
     output_edges: list[float] | None = Field(
@@ -286,7 +286,7 @@ class RouterSpec(_Strict):
     )
     request_log: str | None = Field(
         None, description="append every finished request's record (timings, decision, prediction, replica) to "
-        "this JSONL file (serving.request_log); benchmarks set it to keep per-request records of real runs",
+        "this JSONL file (router.serving.request_log); benchmarks set it to keep per-request records of real runs",
     )
     max_body_bytes: int = Field(1_000_000, gt=0, description="larger bodies get 413")
     request_timeout_s: float = Field(600.0, gt=0)

@@ -3,7 +3,7 @@
 A benchmark's client sees its requests from outside (sent, first chunk, last chunk); only the
 router knows when each was decided, waited, dispatched, where it ran and when its prediction
 landed (before or after dispatch). With `router.request_log` set, the pipeline appends each
-request's record (scheduling.request.Request) here as it completes, so a real run leaves the
+request's record (router.scheduling.request.Request) here as it completes, so a real run leaves the
 per-request records the simulator replays. Times are Unix
 seconds, the clock the benchmark's clients use too.
 """
@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from scheduling.request import Request
+from router.scheduling.request import Request
 
 
 class RequestLog:

@@ -1,6 +1,6 @@
 """Where a request waits for a slot: the scheduler's queues on the router's event loop.
 
-scheduling.scheduler decides who goes next; this adds what a request in flight needs around
+router.scheduling.scheduler decides who goes next; this adds what a request in flight needs around
 it: an awaitable turn, a bound on the wait, and the handover when a request waits no longer
 (its client went away, it timed out) so that a slot is never lost and never given twice.
 Everything runs on the one event loop of the router replica, so the handover needs no lock.
@@ -12,9 +12,9 @@ import asyncio
 import math
 import time
 
-from scheduling.admission import Admission
-from scheduling.request import Request
-from scheduling.scheduler import Scheduler
+from router.scheduling.admission import Admission
+from router.scheduling.request import Request
+from router.scheduling.scheduler import Scheduler
 
 
 class QueueFull(Exception):

@@ -1,11 +1,11 @@
 """Rollouts: a batch of prompts x n samples, the way an RL framework asks for them, scheduled as a batch.
 
-The schedule is a pure plan (scheduling.rollout_plans, which the simulator drives too); this
+The schedule is a pure plan (router.scheduling.rollout_plans, which the simulator drives too); this
 runs it on the stack: predictions up front (one per prompt, concurrently, so the predictor
 batches them), slots taken through the pool's admission queue like any other request (a rollout
 never starves online traffic of the queue's order), samples sent through the one pool client
-(serving.pool_client), and a makespan plan's placement honoured by the pool's replica router
-(serving.replica_router), which offers the pinned replica first and spills rather than wait.
+(router.serving.pool_client), and a makespan plan's placement honoured by the pool's replica router
+(router.serving.replica_router), which offers the pinned replica first and spills rather than wait.
 - `fifo` (the default) and `makespan`: each freed slot goes to the plan's next sample;
 - `padding`: each live replica runs one group of similar estimates at a time and takes the
   next when its whole group is done (the groups a batch-synchronous engine would decode).
@@ -26,12 +26,12 @@ from collections.abc import Awaitable, Callable
 from pydantic import BaseModel, Field, model_validator
 from ray.serve.llm.openai_api_models import ChatCompletionRequest
 
-from scheduling.request import Request
-from scheduling.rollout_plans import RolloutPlan, Schedule, estimate, padding_groups
-from serving.errors import APIError
-from serving.gate import Gate, QueueFull
-from serving.pool_client import PoolClient, once
-from serving.predictor_client import PredictorClient
+from router.scheduling.request import Request
+from router.scheduling.rollout_plans import RolloutPlan, Schedule, estimate, padding_groups
+from router.serving.errors import APIError
+from router.serving.gate import Gate, QueueFull
+from router.serving.pool_client import PoolClient, once
+from router.serving.predictor_client import PredictorClient
 
 Render = Callable[[Request, ChatCompletionRequest, str], Awaitable[tuple[list[int] | None, str]]]
 SLOT_WAIT_S = 3600.0  # a rollout waits for slots as long as a training step would

@@ -1,6 +1,6 @@
 """Which replica of a pool takes a dispatched request: one ranking, for Ray's router and the simulator.
 
-The stack's Ray Serve request router (serving.replica_router) and the simulator's pools
+The stack's Ray Serve request router (router.serving.replica_router) and the simulator's pools
 (benchmarks.simulator.cluster) both call `rank_replicas`, so the simulator cannot choose
 differently from the stack. The choices:
 - `least_inflight` (the stack's): the replica with the fewest requests, ties at random. The
@@ -10,7 +10,7 @@ differently from the stack. The choices:
 - `power_of_two`: Ray Serve's own default (two replicas sampled, the one with fewer requests
   first), for the stock Ray Serve LLM app the benchmarks compare against;
 - `least_work`: the replica with the least predicted remaining work: with jobs taken longest
-  first, the classic LPT rule for a batch's makespan (scheduling.rollout_plans).
+  first, the classic LPT rule for a batch's makespan (router.scheduling.rollout_plans).
 
 A ranking is a list of groups, best first: Ray tries them in order and skips a replica it finds
 full; a request pinned to a replica (a rollout plan's placement) offers that replica first and

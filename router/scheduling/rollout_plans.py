@@ -1,12 +1,12 @@
 """Rollout schedules as pure plans: which waiting sample takes a freed slot, and where it asks to run.
 
 A training step waits for its slowest sample, so a rollout is judged by its makespan, not its
-mean latency. The router's rollout runner (serving.rollout) and the simulator
+mean latency. The router's rollout runner (router.serving.rollout) and the simulator
 (benchmarks.simulator.cluster) drive the same plans, each with its own clock and its own slots:
 - `fifo`: samples in prompt order, the replica left to the router's replica choice (the
   length-blind baseline);
 - `makespan`: the longest estimate still waiting first, on the replica with the least predicted
-  remaining work (LPT, scheduling.replica_choice.least_work);
+  remaining work (LPT, router.scheduling.replica_choice.least_work);
 - `padding` (`padding_groups`): samples sorted by estimate and cut into groups of `batch_size`,
   the groups a batch-synchronous engine would decode together, as similar in length as the
   estimates allow.
@@ -22,8 +22,8 @@ from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from typing import Literal
 
-from scheduling.replica_choice import ReplicaLoad, least_work
-from scheduling.request import Request
+from router.scheduling.replica_choice import ReplicaLoad, least_work
+from router.scheduling.request import Request
 
 Schedule = Literal["makespan", "padding", "fifo"]
 

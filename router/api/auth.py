@@ -25,8 +25,8 @@ from pathlib import Path
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.errors import error_response
-from serving.errors import APIError
+from router.api.errors import error_response
+from router.serving.errors import APIError
 
 API_KEYS, API_KEY_FILE = "LENGTHSERVE_API_KEYS", "LENGTHSERVE_API_KEY_FILE"
 BENCHMARK_KEYS, BENCHMARK_KEY_FILE = "LENGTHSERVE_BENCHMARK_KEYS", "LENGTHSERVE_BENCHMARK_KEY_FILE"

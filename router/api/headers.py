@@ -4,16 +4,16 @@ Clients and benchmarks see what the router did with each request (pool, deciding
 prediction, spillover, fallback, time spent routing and waiting) without access to the server's
 logs or metrics: as `X-` headers on every answer, and in a JSON answer's `length_prediction` and
 `routing` fields (OpenAI clients expose unknown fields as extras). All of it is read off the
-request's record (scheduling.request).
+request's record (router.scheduling.request).
 """
 
 from __future__ import annotations
 
-from scheduling.request import Prediction, Request
-from serving.errors import APIError
-from serving.pipeline import Overrides
+from router.scheduling.request import Prediction, Request
+from router.serving.errors import APIError
+from router.serving.pipeline import Overrides
 
-from api.auth import Keys
+from router.api.auth import Keys
 
 POLICY_HEADER = "x-routing-policy"
 ORACLE_HEADER = "x-true-output-tokens"
@@ -69,7 +69,7 @@ def routing_extension(request: Request) -> dict:
 
 def benchmark_overrides(headers, enabled: bool, policies, pools, keys: Keys) -> Overrides:
     """Reads the benchmark headers; raises APIError 400 on a bad value, or on any of them when off,
-    and 401 without the benchmark key (api.auth).
+    and 401 without the benchmark key (router.api.auth).
 
     Refusing them when off (rather than ignoring them) keeps a benchmark pointed at a production
     router from silently measuring the configured policy under another policy's name.

@@ -1,7 +1,7 @@
 """Errors in OpenAI's format, so any OpenAI client raises the right exception class with our message.
 
 Raised anywhere on the serving path (a full queue, a replica that failed, a bad body); the API
-layer turns them into responses (api.app). Kept free of HTTP framework code so the pipeline can
+layer turns them into responses (router.api.app). Kept free of HTTP framework code so the pipeline can
 be tested without one.
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-from serving.errors import APIError
+from router.serving.errors import APIError
 
 
 def error_response(err: APIError) -> JSONResponse:

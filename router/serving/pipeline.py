@@ -1,17 +1,17 @@
 """One request's way through the router: render -> predict -> decide -> admit -> dispatch -> complete.
 
-Free of HTTP: the API layer (api.app) parses and authenticates, hands the typed body here, and
-turns the result into a response. Each stage fills the request's one record (scheduling.request):
-1. render: the token ids the engine will see (serving.render), off the event loop, time-limited;
+Free of HTTP: the API layer (router.api.app) parses and authenticates, hands the typed body here, and
+turns the result into a response. Each stage fills the request's one record (router.scheduling.request):
+1. render: the token ids the engine will see (router.serving.render), off the event loop, time-limited;
 2. predict: a pool policy (estp, egtp, last) needs its prediction to pick a pool, so it waits for
    it here; a work policy (last_work, ...) never does;
-3. decide: the scheduling core (scheduling.scheduler) picks the pool, spills, and ranks; while
-   live quality distrusts the policy's head (serving.live_quality), its fallback decides;
+3. decide: the scheduling core (router.scheduling.scheduler) picks the pool, spills, and ranks; while
+   live quality distrusts the policy's head (router.serving.live_quality), its fallback decides;
 4. admit: a free slot dispatches at once, else the request waits in the pool's queue
-   (serving.gate), or gets 429 with Retry-After when the queue is full. A work policy's
+   (router.serving.gate), or gets 429 with Retry-After when the queue is full. A work policy's
    prediction runs while its request waits and re-ranks it when it lands; with
    `predictor.predict: all` requests dispatched at once are predicted too, off their path;
-5. dispatch: to the pool's replicas through the one pool client (serving.pool_client);
+5. dispatch: to the pool's replicas through the one pool client (router.serving.pool_client);
 6. complete: the slot goes to the next waiting request, the prediction is scored against the
    real length (which may switch the router length-blind), and the record is logged.
 """
@@ -29,19 +29,19 @@ from dataclasses import dataclass
 from ray.serve.handle import DeploymentHandle
 from vllm.entrypoints.generate.base.protocol import StreamOptions
 
-from scheduling.policies import POLICIES, head_of
-from scheduling.request import Request
-from serving.config import RoutingPlan, StackConfig, build_scheduler
-from serving.errors import APIError
-from serving.gate import Gate, QueueFull
-from serving.live_quality import LiveQuality
-from serving.pool_client import Answer, PoolClient, once
-from serving.predictor_client import Outcome, PredictorClient
-from serving.render import UnsupportedPrompt, prompt_ids
-from serving.replica_ledger import ledger
-from serving.request_log import RequestLog
-from serving.rollout import RolloutRequest, RolloutRunner
-from serving.telemetry import QualityMetrics, QueueMetrics, RoutingMetrics
+from router.scheduling.policies import POLICIES, head_of
+from router.scheduling.request import Request
+from router.serving.config import RoutingPlan, StackConfig, build_scheduler
+from router.serving.errors import APIError
+from router.serving.gate import Gate, QueueFull
+from router.serving.live_quality import LiveQuality
+from router.serving.pool_client import Answer, PoolClient, once
+from router.serving.predictor_client import Outcome, PredictorClient
+from router.serving.render import UnsupportedPrompt, prompt_ids
+from router.serving.replica_ledger import ledger
+from router.serving.request_log import RequestLog
+from router.serving.rollout import RolloutRequest, RolloutRunner
+from router.serving.telemetry import QualityMetrics, QueueMetrics, RoutingMetrics
 
 log = logging.getLogger("ray.serve")
 

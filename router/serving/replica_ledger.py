@@ -1,10 +1,10 @@
 """What each replica of a pool holds: its requests in flight and their predicted remaining work.
 
-Filled from two sides in the router ingress's process: the pool client (serving.pool_client)
+Filled from two sides in the router ingress's process: the pool client (router.serving.pool_client)
 tracks every request it sends and drops it when its answer is done; Ray's replica router
-(serving.replica_router) says where each one went and when the replica finished it. Entries are
-the requests' own records (scheduling.request), keyed by their ids, which are also Ray's internal
-request ids of their calls (serving.pool_client), so a completion Ray reports always names the
+(router.serving.replica_router) says where each one went and when the replica finished it. Entries are
+the requests' own records (router.scheduling.request), keyed by their ids, which are also Ray's internal
+request ids of their calls (router.serving.pool_client), so a completion Ray reports always names the
 right request, also for the samples of one rollout. Ray runs replica routers on their own event
 loop thread, so the ledger takes a lock.
 
@@ -18,9 +18,9 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
-from scheduling.replica_choice import ReplicaLoad
-from scheduling.request import Request
-from scheduling.rollout_plans import remaining_tokens
+from router.scheduling.replica_choice import ReplicaLoad
+from router.scheduling.request import Request
+from router.scheduling.rollout_plans import remaining_tokens
 
 
 class ReplicaLedger:

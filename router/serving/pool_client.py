@@ -1,6 +1,6 @@
 """One pool client: how every request reaches a pool's vLLM replicas and how its answer comes back.
 
-The online pipeline (serving.pipeline) and rollouts (serving.rollout) call a pool only through
+The online pipeline (router.serving.pipeline) and rollouts (router.serving.rollout) call a pool only through
 `PoolClient.open`, so both get the same behaviour:
 - each call runs under Ray's internal request id of its own (the request's id): Ray gives every
   handle call made while serving one HTTP request that request's internal id, and keys its own
@@ -12,7 +12,7 @@ The online pipeline (serving.pipeline) and rollouts (serving.rollout) call a poo
   vLLM rejects the request (a prompt longer than the context), which becomes a proper 4xx;
 - the answer is a JSON body, an SSE relay, or (rollouts) the generated text, and whichever it
   is, the request's record learns its first token, its progress, its length and why it stopped.
-  Streams are always asked for usage (serving.pipeline sets it); the final usage chunk is
+  Streams are always asked for usage (router.serving.pipeline sets it); the final usage chunk is
   dropped again when the client did not ask for it.
 
 `done` (the caller's completion step) runs exactly once: when a JSON answer is in, when a stream
@@ -34,9 +34,9 @@ from ray.serve.handle import DeploymentHandle
 # which is no instance of the public one.
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
-from scheduling.request import Request
-from serving.errors import APIError
-from serving.replica_ledger import ReplicaLedger
+from router.scheduling.request import Request
+from router.serving.errors import APIError
+from router.serving.replica_ledger import ReplicaLedger
 
 log = logging.getLogger("ray.serve")
 Done = Callable[[Request], None]

@@ -1,6 +1,6 @@
 """The bodies the API accepts: vLLM's own OpenAI protocol models, made to fail as 400s.
 
-The rollout body is the rollout's own (serving.rollout.RolloutRequest): rollouts are also a
+The rollout body is the rollout's own (router.serving.rollout.RolloutRequest): rollouts are also a
 Python API on Ray, without HTTP.
 """
 

@@ -1,4 +1,4 @@
-"""Request bodies: FastAPI parses them into vLLM's protocol models (api.protocol); this adds the
+"""Request bodies: FastAPI parses them into vLLM's protocol models (router.api.protocol); this adds the
 limits a shared server needs and turns every failure into an OpenAI-format error.
 
 Parsing is FastAPI's typed body (as vLLM's own api_router does), so malformed JSON, a body that is
@@ -26,10 +26,10 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from vllm.exceptions import VLLMValidationError
 
-from api.errors import error_response
-from api.protocol import BODIES, Kind
-from serving.config import RequestLimits
-from serving.errors import APIError
+from router.api.errors import error_response
+from router.api.protocol import BODIES, Kind
+from router.serving.config import RequestLimits
+from router.serving.errors import APIError
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 

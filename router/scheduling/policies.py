@@ -3,7 +3,7 @@
 Every policy answers `choose(request) -> pool name`. A policy that lacks what it needs (no
 prediction because the predictor failed, no told length) raises NoDecision, and the scheduler
 asks its fallback policy instead, so a missing input never fails a request. Spillover and the
-rank a request waits with are the scheduler's business (scheduling.scheduler), not a policy's.
+rank a request waits with are the scheduler's business (router.scheduling.scheduler), not a policy's.
 
 Two families, one table (`POLICIES`):
 - pool policies (`estp`, `egtp`, `last`, `oracle`, `input_length`): the paper's length-homogeneous
@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from scheduling.pools import Pools
-from scheduling.request import Request
+from router.scheduling.pools import Pools
+from router.scheduling.request import Request
 
 
 class NoDecision(Exception):

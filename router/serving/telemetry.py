@@ -94,7 +94,7 @@ class QueueMetrics:
 
 
 class QualityMetrics:
-    """Live prediction quality per head (serving.live_quality) and whether the router trusts it."""
+    """Live prediction quality per head (router.serving.live_quality) and whether the router trusts it."""
 
     FIELDS = ("mae_tokens", "signed_error_tokens", "pool_accuracy", "concordance")
 

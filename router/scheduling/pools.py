@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from predictor.head import LengthBins, LengthPrediction
-from scheduling.request import Prediction
+from router.scheduling.request import Prediction
 
 
 @dataclass(frozen=True)

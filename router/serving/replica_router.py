@@ -2,8 +2,8 @@
 
 Ray builds this router inside the process that holds the pool's handle (the router ingress) and
 asks `choose_replicas` for ranked groups of replicas; the ranking is the scheduling core's
-(scheduling.replica_choice.rank_replicas, the simulator's too) over the pool's ledger
-(serving.replica_ledger), which this router also feeds from Ray's hooks: where each request went
+(router.scheduling.replica_choice.rank_replicas, the simulator's too) over the pool's ledger
+(router.serving.replica_ledger), which this router also feeds from Ray's hooks: where each request went
 (`on_request_routed`) and when its replica finished it (`on_request_completed`).
 
 Every answer sets `should_backoff`: Ray's routing loop retries at once, re-probing the replicas'
@@ -13,7 +13,7 @@ once it has. Each ranking here offers every live replica, the pinned one first, 
 whose replicas are all full waits with Ray's backoff instead of spinning on the cores the engines
 need.
 
-Ray pickles this module by value; everything shared lives in serving.replica_ledger.
+Ray pickles this module by value; everything shared lives in router.serving.replica_ledger.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import random
 
 from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
 
-from scheduling.replica_choice import rank_replicas
-from serving.replica_ledger import ledger
+from router.scheduling.replica_choice import rank_replicas
+from router.serving.replica_ledger import ledger
 
 
 def _request_id(pending_request) -> str | None:

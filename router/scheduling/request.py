@@ -1,8 +1,8 @@
 """One request and everything known about it, as it becomes known: the record the serving path shares.
 
-The pipeline (serving.pipeline) fills it stage by stage: rendered, predicted, decided, admitted,
+The pipeline (router.serving.pipeline) fills it stage by stage: rendered, predicted, decided, admitted,
 dispatched, streamed, finished. The simulator fills the same fields from its own clock, so the
-scheduling decisions (scheduling.scheduler, scheduling.rollout_plans) read one object in both, and
+scheduling decisions (router.scheduling.scheduler, router.scheduling.rollout_plans) read one object in both, and
 a real run's records can be replayed field for field. It holds no asyncio or HTTP state: whatever
 waits on a request (a future, a stream) belongs to the serving layer.
 
@@ -30,7 +30,7 @@ class Prediction:
     head: str
     expected_tokens: float
     quantiles: dict[str, float]  # "p10", "p50", "p90"
-    pool: str  # the pool its output most probably falls in (scheduling.pools)
+    pool: str  # the pool its output most probably falls in (router.scheduling.pools)
     pool_probabilities: dict[str, float]
 
     def tokens(self, statistic: Statistic) -> float:
@@ -58,7 +58,7 @@ class Request:
     prediction: Prediction | None = None
     prediction_failure: str | None = None  # why there is none (timeout, prompt_too_long, ...)
     predicted_at: float | None = None
-    # The decision (scheduling.scheduler).
+    # The decision (router.scheduling.scheduler).
     pool: str | None = None  # where it is served, after spillover
     chosen_pool: str | None = None  # what the deciding policy picked
     decided_by: str | None = None  # the policy asked, or the fallback

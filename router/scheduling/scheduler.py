@@ -1,13 +1,13 @@
 """The scheduling decisions of one router: which pool, what a request ranks by, who takes a freed slot.
 
-One object, used the same way by the HTTP router (serving.pipeline, through serving.gate) and by
+One object, used the same way by the HTTP router (router.serving.pipeline, through router.serving.gate) and by
 the simulator (benchmarks.simulator.cluster), so a simulated figure is the router's own decisions
 on a modelled clock. Per request:
 - `decide`: the policy chain picks a pool (the fallback when the policy cannot, or when live
   quality has stopped trusting its head), spillover moves it off a saturated pool, and the
   request gets its rank;
 - `admit`: dispatch at once while the pool has a free slot, else wait in the pool's queue
-  (scheduling.admission: shortest-predicted-first with aging), or be refused when it is full;
+  (router.scheduling.admission: shortest-predicted-first with aging), or be refused when it is full;
 - `landed`: a prediction that lands while the request waits re-ranks it;
 - `release`: a request done with its slot hands it to the next waiting one.
 
@@ -27,10 +27,10 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scheduling.admission import Admission, AdmissionQueue, QueueOrder
-from scheduling.policies import POLICIES, PolicyChain, PolicyContext
-from scheduling.pools import Pools
-from scheduling.request import Prediction, Request, Statistic
+from router.scheduling.admission import Admission, AdmissionQueue, QueueOrder
+from router.scheduling.policies import POLICIES, PolicyChain, PolicyContext
+from router.scheduling.pools import Pools
+from router.scheduling.request import Prediction, Request, Statistic
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ Ray Serve's handle queue is FIFO, and vLLM's `priority` policy orders only the e
 waiting queue, which stays empty while requests are held back at `max_ongoing_requests`. So the
 one place where an order can pay is the router, in front of the replicas: it dispatches a request
 at once while a replica slot is free and holds it here otherwise. The queue is shared code: the
-router (serving.gate) and the simulator admit, order and release through this same object, by
-way of the scheduler (scheduling.scheduler).
+router (router.serving.gate) and the simulator admit, order and release through this same object, by
+way of the scheduler (router.scheduling.scheduler).
 
 Order. Each waiting request gets a key, its arrival time plus a slack that grows with its
 predicted length, and the smallest key goes next:
