@@ -138,15 +138,3 @@ def test_overhead_and_figure_prompts_are_typical_and_spread_over_scenarios():
     few = {"train": [ex("a/9", 7)] * 8, "val": [], "test": test[:1]}
     assert len(_overhead_prompts(few, {"a/1": "a", "a/9": "a"})) == 8  # too few test prompts: all splits
     assert [e.prompt_id for e in _figure_prompts(test + [ex("b/3", 500)], {**scenario, "b/3": "b"})] == ["a/3", "b/1"]
-
-
-def test_rank_concordance_counts_ordered_pairs_and_half_for_tied_predictions():
-    import numpy as np
-
-    from benchmarks.predictor_levers import concordance
-
-    truth = np.array([10.0, 20.0, 30.0, 30.0])  # the pair of 30s has no order to get right
-    assert concordance(np.array([1.0, 2.0, 3.0, 0.0]), truth) == 3 / 5  # the last (0.0) misorders two of the five pairs
-    assert concordance(truth, truth) == 1.0
-    assert concordance(-truth, truth) == 0.0
-    assert concordance(np.ones(4), truth) == 0.5

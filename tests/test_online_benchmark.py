@@ -164,18 +164,16 @@ def test_the_real_runs_trust_point_and_live_blocks_come_from_the_router_log():
 
 def test_the_cold_start_result_compares_learning_on_and_off_over_the_same_requests(monkeypatch):
     """cold_start's own bookkeeping, with the two stack runs replaced (a real run takes 40 minutes)."""
-    import transformers
 
-    import benchmarks.continuous.real as continuous_real
     from benchmarks.online import real
+    from benchmarks.replay import trace as traces
     from benchmarks.replay.records import RequestRecord
     from benchmarks.replay.trace import TraceRequest
 
     prompts = [TraceRequest(request_id=f"r{i}", arrival_s=0.0, prompt_id=f"p{i}", scenario="chat",
                             messages=[{"role": "user", "content": "hi"}], max_tokens=8, true_output_tokens=0,
                             prompt_tokens=5) for i in range(6)]
-    monkeypatch.setattr(continuous_real, "held_out_chat", lambda tokenizer, n, seed: prompts[:n])
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: None)
+    monkeypatch.setattr(traces, "held_out_chat", lambda n, seed: prompts[:n])
     runs = []
 
     def fake_run_stack(run, trace, overrides):

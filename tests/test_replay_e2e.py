@@ -1,7 +1,7 @@
 """A small trace replayed end to end through the real stack by Ray actors: nothing lost.
 
 The actors join the stack's own Ray cluster (the one its `serve run` started) and stream through
-the router with the openai client, open loop and batch-synchronous.
+the router with the openai client, open loop.
 """
 
 from pathlib import Path
@@ -42,25 +42,6 @@ def test_open_loop_replay_records_every_request(stack, trace, actors):
         assert r.arrival_s <= r.sent_s < r.first_token_s <= r.finish_s
         assert r.sent_s - r.arrival_s < 5  # sent on time: open loop
     assert summarise(records, batch_size=4)["throughput_tok_s"] > 0
-
-
-def test_batch_replay_pins_planned_groups_and_oracle_routes_by_true_length(stack, trace, actors):
-    records = replay(stack.base_url, trace, actors=actors, policy="oracle", mode="batch", batch_size=2,
-                     timeout_s=300)
-    assert account(trace, records).lost == 0 and all(r.status == "ok" for r in records)
-    groups = {}
-    for r in records:
-        groups.setdefault(r.group, []).append(r)
-    for members in groups.values():
-        assert len(members) <= 2 and len({m.pool for m in members}) == 1
-        assert {m.routed_policy for m in members} == {"oracle"}
-    # A pool's next group starts only after its previous group has finished.
-    by_pool = {}
-    for g in sorted(groups, key=lambda g: min(m.sent_s for m in groups[g])):
-        by_pool.setdefault(groups[g][0].pool, []).append(groups[g])
-    for lane in by_pool.values():
-        for before, after in zip(lane, lane[1:]):
-            assert max(m.finish_s for m in before) <= min(m.sent_s for m in after)
 
 
 def test_the_speed_probe_gets_answers_of_exactly_its_length_through_the_stack(stack, actors):

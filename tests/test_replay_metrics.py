@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.replay.actors import account, batch_groups, benchmark_headers
+from benchmarks.replay.actors import account, benchmark_headers
 from benchmarks.replay.metrics import decode_groups, padding_ratio, short_ids, summarise
 from benchmarks.replay.records import RequestRecord, read_records, write_records
 from benchmarks.replay.trace import TraceRequest
@@ -62,33 +62,22 @@ def test_accounting_counts_every_request_once():
         account(trace, records + records[:1])
 
 
-def test_batch_groups_follow_the_plan_in_trace_order():
-    trace = [_req(i) for i in range(5)]
-    plan = {"r0": "short", "r1": "long", "r2": "short", "r3": "short", "r4": "long"}
-    groups = batch_groups(trace, plan, batch_size=2)
-    assert {p: [[r.request_id for r in g] for g in gs] for p, gs in groups.items()} == {
-        "short": [["r0", "r2"], ["r3"]], "long": [["r1", "r4"]]}
-
-
-def test_benchmark_headers_only_with_a_policy(monkeypatch):
+def test_benchmark_headers_only_for_what_the_router_must_be_told(monkeypatch):
     monkeypatch.delenv("LENGTHSERVE_BENCHMARK_KEY", raising=False)
-    assert benchmark_headers(_req(0, true=42), None) == {}
-    assert benchmark_headers(_req(0, true=42), "oracle", "long") == {
-        "X-Routing-Policy": "oracle", "X-True-Output-Tokens": "42", "X-Target-Pool": "long"}
+    assert benchmark_headers(_req(0, true=42), None) == {}  # any client's request
+    assert benchmark_headers(_req(0, true=42), "oracle") == {"X-Routing-Policy": "oracle", "X-True-Output-Tokens": "42"}
     monkeypatch.setenv("LENGTHSERVE_BENCHMARK_KEY", "k")
     assert benchmark_headers(_req(0, true=42), "ceiling")["X-Benchmark-Key"] == "k"
     assert "X-True-Output-Tokens" not in benchmark_headers(_req(0, true=42), "ceiling")  # no median: nothing
+    assert benchmark_headers(_req(0, true=42), None) == {}  # no header: no key sent either
 
 
-def test_a_fixed_length_trace_tells_the_engines_its_lengths_through_the_router_only():
-    from benchmarks.continuous.bursts import fixed_lengths
-
-    fixed = fixed_lengths([_req(0, true=42), _req(1, true=0)])
-    assert [r.fixed_tokens for r in fixed] == [42, 1]  # an empty answer cannot be forced: one token
-    assert benchmark_headers(fixed[0], "last_work")["X-Fixed-Output-Tokens"] == "42"
-    assert "min_tokens" not in str(fixed[0].body("m"))  # the body stays the client's own
-    with pytest.raises(ValueError, match="benchmark headers"):  # the stock app has no router to hold it
-        benchmark_headers(fixed[0], None)
+def test_a_fixed_length_request_tells_the_engines_its_length_through_the_router_only(monkeypatch):
+    monkeypatch.delenv("LENGTHSERVE_BENCHMARK_KEY", raising=False)
+    fixed = _req(0, true=42).model_copy(update={"fixed_tokens": 42})
+    assert benchmark_headers(fixed, None) == {"X-Fixed-Output-Tokens": "42"}  # the configured policy, not told
+    assert benchmark_headers(fixed, "last_work")["X-Fixed-Output-Tokens"] == "42"
+    assert "min_tokens" not in str(fixed.body("m")) and "ignore_eos" not in str(fixed.body("m"))
 
 
 def test_records_round_trip(tmp_path):

@@ -207,12 +207,13 @@ def test_a_run_whose_router_turned_requests_away_is_not_replayed(tmp_path):
     from benchmarks.replay.runs import RUNS
     from benchmarks.simulator.validation import load_runs
 
-    lines = (RUNS / "dataset_burst__ray_default__r0.jsonl").read_text().splitlines()[:4]
-    (tmp_path / "w__ray_default__r0.jsonl").write_text("\n".join(lines) + "\n")
+    lines = (RUNS / "fixed_burst" / "ray_default__r0.jsonl").read_text().splitlines()[:4]
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "ray_default__r0.jsonl").write_text("\n".join(lines) + "\n")
     turned_away = [json.loads(line) for line in lines]
     turned_away[-1].update(status="failed", error="InternalServerError: Error code: 503")
-    (tmp_path / "w__ray_default__r1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in turned_away))
-    runs = load_runs(tmp_path, tmp_path / "no_rollouts.jsonl")
+    (tmp_path / "w" / "ray_default__r1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in turned_away))
+    runs = load_runs(tmp_path)
     assert list(runs) == ["w/ray_default/r0"] and len(runs["w/ray_default/r0"].requests) == 4
 
 

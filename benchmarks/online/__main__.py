@@ -149,7 +149,7 @@ def main(argv=None) -> None:
     live.add_argument("--dispatched-share", type=float, default=0.5,
                       help="requests dispatched at once that are predicted for learning anyway")
     live.add_argument("--compare", type=int, help="requests (the trace's first) replayed with learning off (default: all)")
-    live.add_argument("--rate", type=float, help="requests/s (default: --load x the capacity the bursts measured)")
+    live.add_argument("--rate", type=float, help="requests/s (default: --load x the capacity the fixed-length bursts measured)")
     r = sub.add_parser("report")
     r.add_argument("--note", action="append", help="a line of the report's reading of the figures")
     for sp in (o, live, r):
@@ -160,10 +160,10 @@ def main(argv=None) -> None:
     elif args.command == "report":
         parts_file.write(args.out, "online", parts_file.load(args.out, "online"), report.markdown, report.plot)
     elif args.command == "real":
-        from benchmarks.continuous.bursts import measured_capacity
         from benchmarks.online.real import cold_start
+        from benchmarks.workloads import burst_capacity_rps
 
-        rate = args.rate or args.load * measured_capacity()
+        rate = args.rate or args.load * burst_capacity_rps()
         parts_file.update(args.out, "online", report.markdown, report.plot,
                           real=cold_start(args.requests, rate, args.dispatched_share, args.compare))
     else:

@@ -144,15 +144,10 @@ def cold_start(n: int, rate: float, share: float, compare: int | None = None, se
     with learning off, compared on those same requests; online.json's "real"."""
     import random
 
-    from transformers import AutoTokenizer
+    from benchmarks.replay import trace as traces
 
-    from benchmarks.continuous.real import held_out_chat
-    from benchmarks.replay.trace import arrival_times
-    from predictor.model_files import resolve_model_source
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_source("embedded"))
-    prompts = held_out_chat(tokenizer, n=n, seed=seed)
-    times = arrival_times(n, "poisson", rate, random.Random(seed))
+    prompts = traces.held_out_chat(n=n, seed=seed)
+    times = traces.arrival_times(n, "poisson", rate, random.Random(seed))
     trace = [r.model_copy(update={"arrival_s": t, "max_tokens": MAX_TOKENS}) for r, t in zip(prompts, times)]
     with tempfile.TemporaryDirectory() as state:
         on = run_stack("online_cold_start/learning_on/r0", trace, {"predictor": {"checkpoint": "online", "online": {

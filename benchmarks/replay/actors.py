@@ -3,18 +3,12 @@
 Load comes from several client processes on several nodes, as real traffic does, so one client's
 event loop or one node's network never becomes the bottleneck being measured. Each actor talks to
 the router with the official `openai` client (async, streaming), exactly as users do, and turns
-every request into one `RequestRecord`, failed or not.
+every request into one `RequestRecord`, failed or not. Open loop: each request is sent at its trace
+arrival time, whether or not earlier ones finished (requests are sharded over the actors
+round-robin; every actor waits for the same start time).
 
-Two modes:
-- open loop: each request is sent at its trace arrival time, whether or not earlier ones finished
-  (requests are sharded over the actors round-robin; every actor waits for the same start time);
-- batch-synchronous (RL rollouts): every request is there at t = 0; the policy under test plans a
-  pool for each one (`POST /v1/length` with `X-Routing-Policy`), each pool's requests are cut into
-  groups of `batch_size` in trace order, a group is sent together (pinned with `X-Target-Pool`)
-  and the pool's next group only after the whole group finished. Pools run side by side.
-
-Both modes need the router's benchmark headers (`router.benchmark_headers: true`) whenever a
-policy is named; open loop without a policy replays against whatever the router is configured for.
+A policy named per request, a fixed answer length or a told length need the router's benchmark
+headers (`router.benchmark_headers: true`); a request without them is served as any client's.
 """
 
 from __future__ import annotations
@@ -23,11 +17,11 @@ import asyncio
 import logging
 import os
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 
 import httpx
 import ray
+from tqdm import tqdm
 
 from benchmarks.replay.records import RequestRecord
 from benchmarks.replay.stack import BENCHMARK_KEY_ENV
@@ -35,9 +29,6 @@ from benchmarks.replay.trace import TraceRequest
 
 log = logging.getLogger(__name__)
 START_LEAD_S = 2.0  # actors on other nodes get the trace before its first arrival
-PLAN_CONCURRENCY = 2  # a full predictor batch of long prompts on a busy CPU outlasts its 5 s timeout
-PLAN_ATTEMPTS = 5
-PLAN_BACKOFF_S = 2.0  # doubled per retry: a timed-out prediction keeps the predictor busy a while
 
 
 class LostRequests(RuntimeError):
@@ -67,25 +58,22 @@ def account(trace: list[TraceRequest], records: list[RequestRecord]) -> Accounti
     )
 
 
-def benchmark_headers(request: TraceRequest, policy: str | None, pool: str | None = None) -> dict[str, str]:
-    """What the router's benchmark option reads; nothing at all without a policy. Known-length
-    policies are told the true length, or the prompt's median for the ceiling. The benchmark key
-    (router.api.auth) comes from LENGTHSERVE_BENCHMARK_KEY in this process's environment: the replay
-    actors inherit it from the cluster, RunningStack sets it for the stacks it starts. A
-    fixed-length request says its length to the engines alone (X-Fixed-Output-Tokens)."""
-    if policy is None:
-        if request.fixed_tokens is not None:
-            raise ValueError("a fixed-length trace needs the router's benchmark headers: name a policy")
-        return {}
-    headers = {"X-Routing-Policy": policy}
-    if key := os.environ.get(BENCHMARK_KEY_ENV):
-        headers["X-Benchmark-Key"] = key
-    known = request.known_tokens(policy)
-    if known is not None:
-        headers["X-True-Output-Tokens"] = str(known)
+def benchmark_headers(request: TraceRequest, policy: str | None) -> dict[str, str]:
+    """What the router's benchmark option reads: the policy to decide by (known-length policies
+    are told the true length, or the prompt's median for the ceiling), and a fixed-length
+    request's length, said to the engines alone (X-Fixed-Output-Tokens). The benchmark key
+    (router.api.auth) comes from LENGTHSERVE_BENCHMARK_KEY in this process's environment: the
+    replay actors inherit it from the cluster, RunningStack sets it for the stacks it starts."""
+    headers = {}
+    if policy is not None:
+        headers["X-Routing-Policy"] = policy
+        if (known := request.known_tokens(policy)) is not None:
+            headers["X-True-Output-Tokens"] = str(known)
     if request.fixed_tokens is not None:
         headers["X-Fixed-Output-Tokens"] = str(request.fixed_tokens)
-    return headers | ({"X-Target-Pool": pool} if pool is not None else {})
+    if headers and (key := os.environ.get(BENCHMARK_KEY_ENV)):
+        headers["X-Benchmark-Key"] = key
+    return headers
 
 
 @ray.remote(num_cpus=0)  # clients wait on sockets; the CPUs Ray counts belong to the engines
@@ -97,6 +85,10 @@ class ReplayActor:
         self._timeout_s = request_timeout_s
         self._client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0,
                                    timeout=request_timeout_s)
+        self.finished = 0  # requests ended since the actor started (a run's progress)
+
+    def progress(self) -> int:
+        return self.finished
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -107,38 +99,13 @@ class ReplayActor:
         async def one(req: TraceRequest) -> RequestRecord:
             while (wait := t0 + req.arrival_s - time.time()) > 0:  # the loop's timer may wake early
                 await asyncio.sleep(wait)
-            return await self._send(req, t0, deadline, benchmark_headers(req, policy),
-                                    dict(policy=label, mode="open", load_rps=load_rps, arrival_s=req.arrival_s))
+            record = await self._send(req, t0, deadline, benchmark_headers(req, policy),
+                                      dict(policy=label, mode="open", load_rps=load_rps, arrival_s=req.arrival_s))
+            self.finished += 1
+            return record
 
         reqs = [TraceRequest.model_validate(r) for r in requests]
         return [r.model_dump() for r in await asyncio.gather(*map(one, reqs))]
-
-    async def closed_loop(self, requests: list[dict], concurrency: int, t0: float, deadline: float,
-                          policy: str | None, label: str, extra_headers: dict | None = None) -> list[dict]:
-        """`concurrency` requests in flight at all times (a client pool of that size), in trace order;
-        each request's arrival is when a client takes it. `extra_headers`: more benchmark headers."""
-        reqs = [TraceRequest.model_validate(r) for r in requests]
-        slots = asyncio.Semaphore(concurrency)
-        while (wait := t0 - time.time()) > 0:
-            await asyncio.sleep(wait)
-
-        async def one(req: TraceRequest) -> RequestRecord:
-            async with slots:
-                arrival = time.time() - t0
-                return await self._send(req, t0, deadline, {**benchmark_headers(req, policy), **(extra_headers or {})},
-                                        dict(policy=label, mode="open", arrival_s=arrival))
-
-        return [r.model_dump() for r in await asyncio.gather(*map(one, reqs))]
-
-    async def group(self, requests: list[dict], pool: str, group: int, t0: float, deadline: float,
-                    policy: str) -> list[dict]:
-        """One batch-mode group: all sent at once; returns when the last one finished."""
-        reqs = [TraceRequest.model_validate(r) for r in requests]
-        fields = dict(policy=policy, mode="batch", arrival_s=0.0, group=group)
-        done = await asyncio.gather(*(
-            self._send(req, t0, deadline, benchmark_headers(req, policy, pool), fields) for req in reqs
-        ))
-        return [r.model_dump() for r in done]
 
     async def _send(self, req: TraceRequest, t0: float, deadline: float, headers: dict, fields: dict) -> RequestRecord:
         sent = time.time()
@@ -199,102 +166,55 @@ def spawn_actors(base_url: str, num_actors: int, request_timeout_s: float = 600,
     return actors
 
 
-async def plan_pools(base_url: str, trace: list[TraceRequest], policy: str, model: str) -> dict[str, str]:
-    """request_id -> the pool the policy picks (the router's own decision, through /v1/length)."""
-    slots = asyncio.Semaphore(PLAN_CONCURRENCY)
-    async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
-        async def one(req: TraceRequest) -> str:
-            for attempt in range(PLAN_ATTEMPTS):  # 503: the prediction timed out; the stack is idle, retry
-                async with slots:
-                    r = await client.post("/v1/length", json=req.body(model), headers=benchmark_headers(req, policy))
-                if r.status_code != 503 or attempt == PLAN_ATTEMPTS - 1:
-                    r.raise_for_status()
-                    return r.json()["routing"]["pool"]
-                await asyncio.sleep(PLAN_BACKOFF_S * 2**attempt)
-
-        pools = await asyncio.gather(*map(one, trace))
-    return {req.request_id: pool for req, pool in zip(trace, pools)}
-
-
-def batch_groups(trace: list[TraceRequest], pools: dict[str, str], batch_size: int) -> dict[str, list[list[TraceRequest]]]:
-    """Each pool's requests in trace order, cut into groups of batch_size."""
-    by_pool: dict[str, list[TraceRequest]] = defaultdict(list)
-    for req in trace:
-        by_pool[pools[req.request_id]].append(req)
-    return {pool: [reqs[i:i + batch_size] for i in range(0, len(reqs), batch_size)] for pool, reqs in by_pool.items()}
-
-
-async def _run_batches(actors: list, groups: dict[str, list[list[TraceRequest]]], policy: str,
-                       t0: float, deadline: float) -> list[dict]:
-    numbered = iter(range(1 << 30))
-
-    async def pool_lane(pool: str, lane: list[list[TraceRequest]]) -> list[dict]:
-        out = []
-        for reqs in lane:
-            g = next(numbered)
-            actor = actors[g % len(actors)]
-            out += await actor.group.remote([r.model_dump() for r in reqs], pool, g, t0, deadline, policy)
-        return out
-
-    lanes = await asyncio.gather(*(pool_lane(p, lane) for p, lane in groups.items()), return_exceptions=True)
-    for lane in lanes:
-        if isinstance(lane, BaseException):
-            log.error("a batch lane failed: %r", lane)
-    return [r for lane in lanes if not isinstance(lane, BaseException) for r in lane]
-
-
 def replay(
     base_url: str,
     trace: list[TraceRequest],
     num_actors: int = 2,
     policy: str | None = None,
-    mode: str = "open",
     load_rps: float | None = None,
-    batch_size: int = 8,
     timeout_s: float = 600,
     actors: list | None = None,
     t0: float | None = None,
     label: str | None = None,
+    progress: bool = False,
 ) -> list[RequestRecord]:
-    """Replay `trace` against the router at `base_url` and return one record per request.
+    """Replay `trace` open loop against the router at `base_url`; one record per request.
 
     Joins the running Ray cluster (RAY_ADDRESS, else the local one `serve run` started) and uses
     `actors` from `spawn_actors`, or spawns `num_actors` of them. `policy` (needs the router's
     benchmark headers) picks the routing policy per request; None leaves the router's own.
     `timeout_s` bounds the whole replay: requests still running then end as failed records.
-    `load_rps` only labels open-loop records (the trace's arrivals already carry the rate).
-    `t0`: the wall-clock time (time.time()) an open-loop trace starts at, if the caller must know
-    it (to read the router's own records on the same clock); by default a moment from now.
+    `load_rps` only labels the records (the trace's arrivals already carry the rate).
+    `t0`: the wall-clock time (time.time()) the trace starts at, if the caller must know it (to
+    read the router's own records on the same clock); by default a moment from now.
     `label`: what the records call the policy (default: `policy`, else the router's own from
     /health; a server that is not lengthserve, such as Ray Serve LLM's app, needs one).
-    Checks sent = completed + failed and raises LostRequests if any request has no record.
+    `progress`: a bar of finished requests. Checks sent = completed + failed and raises
+    LostRequests if any request has no record.
     """
-    if mode not in ("open", "batch"):
-        raise ValueError(f"mode must be 'open' or 'batch', got {mode!r}")
-    if mode == "batch" and policy is None:
-        raise ValueError("batch mode plans pools with X-Routing-Policy: name a policy")
     model = served_model(base_url)
     actors = actors or spawn_actors(base_url, num_actors, timeout_s, model)
     t0 = t0 or time.time() + START_LEAD_S
-    deadline = t0 + timeout_s
     label = label or policy or httpx.get(f"{base_url}/health", timeout=30).json()["policy"]
-    if mode == "open":
-        shards = [trace[i::len(actors)] for i in range(len(actors))]
-        futures = [a.open_loop.remote([r.model_dump() for r in shard], t0, deadline, policy, label, load_rps)
-                   for a, shard in zip(actors, shards) if shard]
-        raw = []
-        for ref in futures:
-            try:
-                raw += ray.get(ref)
-            except ray.exceptions.RayError as e:
-                log.error("a replay actor failed: %s", e)
-    else:
-        groups = batch_groups(trace, asyncio.run(plan_pools(base_url, trace, policy, model)), batch_size)
-        t0 = time.time()
-        raw = asyncio.run(_run_batches(actors, groups, policy, t0, t0 + timeout_s))
+    shards = [trace[i::len(actors)] for i in range(len(actors))]
+    busy = [a for a, shard in zip(actors, shards) if shard]
+    start = sum(ray.get([a.progress.remote() for a in busy]))
+    futures = [a.open_loop.remote([r.model_dump() for r in shard], t0, t0 + timeout_s, policy, label, load_rps)
+               for a, shard in zip(busy, shards)]
+    with tqdm(total=len(trace), desc=label, unit="req", disable=not progress, leave=False) as bar:
+        waiting = futures
+        while waiting:
+            _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=2.0)
+            bar.update(sum(ray.get([a.progress.remote() for a in busy])) - start - bar.n)
+    raw = []
+    for ref in futures:
+        try:
+            raw += ray.get(ref)
+        except ray.exceptions.RayError as e:
+            log.error("a replay actor failed: %s", e)
     records = [RequestRecord.model_validate(r) for r in raw]
     tally = account(trace, records)
-    log.info("replay %s/%s: %s", label, mode, tally)
+    log.info("replay %s: %s", label, tally)
     if tally.lost:
         raise LostRequests(str(tally))
     return records

@@ -3,8 +3,8 @@
 Choices the design leaves open, made here once:
 - Throughput (output tokens/s, requests/s) counts completed requests over the run's span, from
   the first arrival to the last finish.
-- Short requests are the trace's shortest third by true output length (the dataset's length):
-  the same requests under every policy, whatever the cap on max_tokens does to the 200-token bin.
+- Short requests are those whose true output length (the dataset's) is at or below the trace's
+  25th percentile: the same requests under every policy and application, whatever was generated.
 - Padding ratio, over groups of requests decoded together: sum(n * max_len - sum(len)) /
   sum(len) over all groups, with the real completion lengths (a ratio of sums, so a few tiny
   groups cannot dominate). Batch mode: its groups. Open loop (continuous batching pads nothing):
@@ -53,11 +53,11 @@ def _mean(values: list[float]) -> float | None:
 
 
 def short_ids(records: list[RequestRecord]) -> set[str]:
-    """The shortest third of the requests by true output length."""
+    """The requests at or below the 25th percentile of true output length."""
     lengths = {r.request_id: r.true_output_tokens for r in records}
     if not lengths:
         return set()
-    edge = np.percentile(list(lengths.values()), 100 / 3)
+    edge = np.percentile(list(lengths.values()), 25)
     return {rid for rid, n in lengths.items() if n <= edge}
 
 

@@ -5,7 +5,7 @@ The client's records say when each request was sent, got its first token and end
 request log (router.serving.request_log, `router.request_log` set on the stack) says when it was decided,
 waited, dispatched, on which replica, with what rank, and when its prediction landed. Joined by
 the id the client sends (X-Request-Id), one `RunRecord` per request, all on the run's clock
-(seconds from its start), written to `benchmarks/results/runs/<run>.jsonl`, and beside them the
+(seconds from its start), written to `benchmarks/results/runs/<scenario>/<side>__r<k>.jsonl`, and beside them the
 machine's speed measured just before the run (`<run>.probe.json`, benchmarks.replay.probe). These
 records are what the simulator replays (benchmarks.simulator.validation), and a run whose file exists is
 not run again (resumable).
@@ -50,6 +50,8 @@ class RunRecord(RequestRecord):
     prediction_landed: Landed | None = None
     prediction_failure: str | None = None
     finish_reason: str | None = None
+    length_source: str | None = None  # where its rank's length came from (router.scheduling.signals)
+    prediction_decision: str | None = None  # predicted, skipped_by_budget, skipped_by_signal
 
 
 def _since(t: float | None, t0: float) -> float | None:
@@ -81,23 +83,37 @@ def join(run: str, trace: list[TraceRequest], records: list[RequestRecord], rout
                 decided_by=e["decided_by"], rank_tokens=e["rank_tokens"], on_prior=e["on_prior"],
                 priority=e["priority"], predicted_s=_since(e["predicted_at"], t0), prediction_landed=_landed(e),
                 prediction_failure=e["prediction_failure"], finish_reason=e["finish_reason"],
+                length_source=e.get("length_source"), prediction_decision=e.get("prediction_decision"),
                 predicted_tokens=None if prediction is None else round(prediction["expected_tokens"]))
         out.append(RunRecord.model_validate(fields))
     return out
 
 
-def run_path(run: str, out: Path = RUNS) -> Path:
-    return out / f"{run.replace('/', '__')}.jsonl"
+def run_path(run: str, out: Path | None = None) -> Path:
+    """A run named `<scenario>/<side>/r<k>` is `runs/<scenario>/<side>__r<k>.jsonl`."""
+    folder, side, repeat = run.rsplit("/", 2)
+    return (out or RUNS) / folder / f"{side}__{repeat}.jsonl"
 
 
-def read_run(run: str, out: Path = RUNS) -> list[RunRecord]:
+def run_name(path: Path, out: Path | None = None) -> str:
+    return "/".join(path.relative_to(out or RUNS).parent.parts) + "/" + path.stem.replace("__", "/")
+
+
+def runs_of(prefix: str, out: Path | None = None) -> list[str]:
+    """The runs on disk of `<scenario>/<side>`, by repeat."""
+    folder, side = prefix.rsplit("/", 1)
+    paths = ((out or RUNS) / folder).glob(f"{side}__r*.jsonl")
+    return sorted((run_name(p, out) for p in paths), key=lambda name: int(name.rsplit("/r", 1)[1]))
+
+
+def read_run(run: str, out: Path | None = None) -> list[RunRecord]:
     with open(run_path(run, out), encoding="utf-8") as fh:
         return [RunRecord.model_validate_json(line) for line in fh if line.strip()]
 
 
 def execute(run: str, base_url: str, actors: list, trace: list[TraceRequest], policy: str | None,
-            router_log: Path | None, timeout_s: float = 3600, out: Path = RUNS,
-            label: str | None = None) -> list[RunRecord]:
+            router_log: Path | None, timeout_s: float = 3600, out: Path | None = None,
+            label: str | None = None, progress: bool = False) -> list[RunRecord]:
     """Replay `trace` open-loop (a burst: every arrival 0) and write the run's joined records."""
     path = run_path(run, out)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -106,8 +122,8 @@ def execute(run: str, base_url: str, actors: list, trace: list[TraceRequest], po
     trace = [r.model_copy(update={"request_id": f"{run}:{r.request_id}"}) for r in trace]  # unique per run
     seen = _log_lines(router_log)
     t0 = time.time() + START_LEAD_S
-    records = replay(base_url, trace, policy=policy, mode="open", timeout_s=timeout_s, actors=actors, t0=t0,
-                     label=label)
+    records = replay(base_url, trace, policy=policy, timeout_s=timeout_s, actors=actors, t0=t0, label=label,
+                     progress=progress)
     time.sleep(1.0)  # the router writes its last records as the streams close
     log = _log_lines(router_log)[len(seen):] if router_log is not None else []
     joined = join(run, trace, records, [json.loads(line) for line in log], t0)

@@ -31,10 +31,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _merge(base: dict, override: dict) -> dict:
+def merge(base: dict, override: dict) -> dict:
+    """`override` over `base`, nested dicts key by key (how a test or a scenario changes ray_config's args)."""
     out = dict(base)
     for k, v in override.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -51,7 +52,7 @@ class RunningStack:
             config["applications"] = [application]
         app = config["applications"][0]
         if application is None:
-            app["args"] = _merge(app["args"], args_override or {})
+            app["args"] = merge(app["args"], args_override or {})
             self.model = app["args"]["model"]["id"]
         else:
             self.model = app["args"]["llm_configs"][0]["model_loading_config"]["model_id"]

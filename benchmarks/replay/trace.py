@@ -44,6 +44,8 @@ class TraceRequest(BaseModel):
     max_tokens: int
     temperature: float = 0.7
     min_tokens: int | None = None  # vLLM's min_tokens: an answer of a fixed length (the speed probe)
+    ignore_eos: bool = False  # vLLM's: the answer runs to max_tokens (a fixed length, for the stock app)
+    hint_tokens: int | None = None  # a client's output-length hint
     # An answer of exactly this many tokens that the router is not told (X-Fixed-Output-Tokens):
     # every policy then serves the same workload.
     fixed_tokens: int | None = None
@@ -60,8 +62,11 @@ class TraceRequest(BaseModel):
 
     def body(self, model: str) -> dict:
         fields = {"messages": self.messages} if self.kind == "chat" else {"prompt": self.prompt}
-        if self.min_tokens is not None:  # not an OpenAI parameter: the openai client sends it as extra body
-            fields["extra_body"] = {"min_tokens": self.min_tokens}
+        extra = {"min_tokens": self.min_tokens} if self.min_tokens is not None else {}
+        if self.ignore_eos:
+            extra["ignore_eos"] = True
+        if extra:  # vLLM's own parameters: the openai client sends them as extra body
+            fields["extra_body"] = extra
         return {"model": model, "max_tokens": self.max_tokens, "temperature": self.temperature, **fields}
 
 
@@ -175,3 +180,42 @@ def write_trace(path: Path, trace: list[TraceRequest]) -> None:
 def read_trace(path: Path) -> list[TraceRequest]:
     with open(path, encoding="utf-8") as fh:
         return [TraceRequest.model_validate_json(line) for line in fh if line.strip()]
+
+
+def held_out_chat(n: int, max_tokens: int = 1024, max_prompt_tokens: int = 3072, seed: int = 0) -> list[TraceRequest]:
+    """ShareGPT first turns the dataset never used, as a client would send them (no true length known)."""
+    from transformers import AutoTokenizer
+
+    from predictor.model_files import resolve_model_source
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_source("embedded"))
+    used = {r["prompt_id"].split("/", 2)[-1] for r in load_samples(DEFAULT_OUT, scenario="chat")}
+    with open(Path(DEFAULT_DATA_DIR) / "chat" / "sharegpt_firstturn.jsonl", encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    random.Random(seed).shuffle(rows)
+    out = []
+    for r in rows:
+        if r["id"] in used or not r["prompt"].strip():
+            continue
+        messages = [{"role": "user", "content": r["prompt"]}]
+        tokens = len(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                   return_dict=False))
+        if tokens > max_prompt_tokens:
+            continue
+        out.append(TraceRequest(request_id=f"b{len(out):04d}", arrival_s=0.0, prompt_id=f"chat/sharegpt/{r['id']}",
+                                scenario="chat", messages=messages, max_tokens=max_tokens,
+                                true_output_tokens=0, prompt_tokens=tokens))
+        if len(out) == n:
+            break
+    return out
+
+
+def rl_prompts(prompts: int, max_tokens: int) -> list[dict]:
+    """The first `prompts` RL test prompts (by id): each one's text, prompt tokens (in the chat
+    template, as the engine sees them) and the lengths of its samples in the dataset, in order."""
+    by_prompt: dict[str, list[dict]] = {}
+    for r in load_samples(DEFAULT_OUT, split="test", scenario="rl"):
+        by_prompt.setdefault(r["prompt_id"], []).append(r)
+    return [{"prompt": by_prompt[p][0]["prompt"], "prompt_tokens": by_prompt[p][0]["prompt_tokens"],
+             "lengths": [min(r["output_tokens"], max_tokens) for r in sorted(by_prompt[p], key=lambda r: r["sample_idx"])]}
+            for p in sorted(by_prompt)[:prompts]]

@@ -1,17 +1,19 @@
-"""Scale runs: the same policies from 10 to 1,000 replicas at a constant offered load per replica.
+"""The validated simulator beyond this machine: bursts of 4x the slots at 2 to 100 replicas.
 
-Each cluster size gets its own seeded trace of `n` requests from the dataset's test split (the
-predictor never trained on it) at `rps_per_replica` x replicas. Pools split the replicas evenly
-(as ray_config.yaml's one replica each) or by their share of the decode work ("work" sizing, what
-a deployer who knows the traffic would do). Every policy sees the identical trace; metrics are
-the replay's own (benchmarks.replay.metrics).
+What a real burst measures on two replicas (benchmarks/results/queueing.md), the simulator, once
+validated against those runs (benchmarks.simulator.validation), answers for larger clusters: the
+dataset's val and test prompts at once onto `replicas` x 16 slots, each seed its own draw, every
+policy on the same trace, predictions free (the simulator models no predictor on the engines'
+cores: the regime of a predictor with compute of its own). Writes simulator_scale.{json,md}.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+import json
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from benchmarks.replay.metrics import summarise
@@ -19,88 +21,52 @@ from benchmarks.replay.trace import build_trace
 from benchmarks.simulator.experiment import run
 from benchmarks.simulator.setup import Setup
 
-def replica_capacity_rps(setup: Setup, split: str = "test", replicas: int = 10, per_replica: int = 300,
-                         seed: int = 0) -> float:
-    """Requests/s one replica sustains with every slot busy, measured on the modelled engines: a
-    backlog of the split's requests on `replicas` replicas of one pool (Ray's default policy,
-    unbounded queue), completions per second over the middle 80% of them.
-
-    Measured rather than computed from mean lengths: a long prompt's prefill stalls the decodes
-    that share its steps, which a formula on averages misses (it overstated capacity by 14%).
-    """
-    trace = build_trace(split=split, n=replicas * per_replica, arrival="poisson", rate=1e6, seed=seed)
-    records = run(setup, trace, "ray_default", replicas, "open", sizing="single", bounded_queue=False).records
-    finishes = sorted(r.finish_s for r in records)
-    lo, hi = len(finishes) // 10, 9 * len(finishes) // 10
-    return (hi - lo) / (finishes[hi] - finishes[lo]) / replicas
+REPLICAS = (2, 4, 10, 100)
+POLICIES = ("ray_default", "last_work", "early_work", "ceiling", "oracle_work")
+PER_SLOT = 4  # a burst of 4x the slots, as the real one (128 onto 32)
+METRICS = ("mean_jct_s", "p50_jct_s", "p99_jct_s", "short_p99_jct_s", "mean_ttft_s", "throughput_tok_s")
 
 
-def gains(by_policy: dict[str, dict], baseline: str = "round_robin") -> dict[str, dict]:
-    """Per policy against the baseline: JCT and padding reductions, throughput ratio, and the
-    share of the oracle's JCT reduction it reaches (1.0: as good as knowing every length)."""
-    base, oracle = by_policy[baseline], by_policy.get("oracle")
-    out = {}
-    for policy, m in by_policy.items():
-        g = {"jct_mean_reduction": 1 - m["mean_jct_s"] / base["mean_jct_s"],
-             "throughput_ratio": m["throughput_tok_s"] / base["throughput_tok_s"]}
-        if m.get("padding_ratio") is not None and base.get("padding_ratio"):
-            g["padding_reduction"] = 1 - m["padding_ratio"] / base["padding_ratio"]
-        oracle_gain = None if oracle is None else base["mean_jct_s"] - oracle["mean_jct_s"]
-        if oracle_gain and oracle_gain > 0:
-            g["share_of_oracle_gain"] = (base["mean_jct_s"] - m["mean_jct_s"]) / oracle_gain
-        out[policy] = g
-    return out
+def _one(args) -> tuple[tuple, dict]:
+    setup, replicas, policy, seed = args
+    slots = replicas * setup.config.pools[0].deployment.get("max_ongoing_requests", 16)
+    trace = build_trace(split=("val", "test"), n=PER_SLOT * slots, arrival="poisson", rate=1.0, seed=seed,
+                        max_tokens=1024)
+    trace = [r.model_copy(update={"arrival_s": 0.0}) for r in trace]
+    summary = summarise(run(setup, trace, policy, replicas, "open", sizing="single", seed=seed,
+                            bounded_queue=False).records, 8)
+    return (replicas, policy, seed), {k: summary[k] for k in METRICS}
 
 
-@dataclass(frozen=True)
-class SimJob:
-    """One simulated run: a cluster, a policy, a trace (arrival process and offered load)."""
-
-    replicas: int
-    policy: str
-    mode: str = "open"
-    sizing: str = "even"
-    batch_size: int = 8
-    noise: float = 0.0  # blurs the oracle (benchmarks.simulator.workload)
-    arrival: str = "poisson"
-    rps_per_replica: float = 0.1
-    n: int = 100_000
-    max_overtake_s: float | None = None  # None: the configured queue order (router.queue)
-    rank_by: str | None = None  # None: the configured router.rank_by
-    replica_choice: str | None = None  # None: the configured router.replica_choice
-
-
-_WORKER: dict = {}  # per worker process: the setup and the traces it built
-
-
-def _init_worker(setup: Setup, split: str, seed: int) -> None:
-    _WORKER.update(setup=setup, split=split, seed=seed, traces={})
+def bursts(setup: Setup, replicas=REPLICAS, policies=POLICIES, seeds: int = 10, workers: int = 2) -> dict:
+    """{"<replicas>": {"<policy>": {metric: mean over seeds, "<metric>_change": median change
+    against ray_default seed by seed, "<metric>_change_range": [min, max]}}}"""
+    jobs = [(setup, r, p, s) for r in replicas for p in policies for s in range(seeds)]
+    by_cell: dict = {}
+    with ProcessPoolExecutor(workers) as pool:
+        for (r, p, s), m in tqdm(pool.map(_one, jobs), total=len(jobs), desc="simulated bursts"):
+            by_cell.setdefault((r, p), {})[s] = m
+    out: dict = {}
+    for (r, p), per_seed in by_cell.items():
+        cell = {k: float(np.mean([m[k] for m in per_seed.values()])) for k in METRICS}
+        base = by_cell[(r, "ray_default")]
+        for k in ("mean_jct_s", "short_p99_jct_s", "p99_jct_s"):
+            changes = [per_seed[s][k] / base[s][k] - 1 for s in per_seed]
+            cell[f"{k}_change"] = float(np.median(changes))
+            cell[f"{k}_change_range"] = [float(min(changes)), float(max(changes))]
+        out.setdefault(str(r), {})[p] = cell
+    return {"seeds": seeds, "validated": setup.validated, "requests_per_slot": PER_SLOT, "bursts": out}
 
 
-def _one(job: SimJob) -> tuple[SimJob, dict]:
-    w, setup = _WORKER, _WORKER["setup"]
-    rate = job.rps_per_replica * job.replicas
-    key = (job.replicas, job.arrival, rate, job.n)
-    if key not in w["traces"]:
-        w["traces"][key] = build_trace(split=w["split"], n=job.n, arrival=job.arrival, rate=rate, seed=w["seed"])
-    start = time.perf_counter()
-    sim = run(setup, w["traces"][key], job.policy, job.replicas, job.mode, job.batch_size, seed=w["seed"],
-              load_rps=rate, sizing=job.sizing, noise=job.noise, max_overtake_s=job.max_overtake_s,
-              rank_by=job.rank_by, replica_choice=job.replica_choice)
-    summary = summarise(sim.records, job.batch_size)
-    summary["sim_wall_s"] = round(time.perf_counter() - start, 2)
-    summary["fallback_share"] = sum(rec.routed_policy != job.policy for rec in sim.records) / len(sim.records)
-    queued = sum(q.queued for q in sim.queues.values())
-    summary["queued_share"] = queued / len(sim.records)
-    summary["reordered_share"] = sum(q.reordered for q in sim.queues.values()) / max(1, queued)
-    return job, summary
-
-
-def simulate_jobs(setup: Setup, jobs: list[SimJob], split: str = "test", seed: int = 0,
-                  workers: int = 2) -> dict[SimJob, dict]:
-    """Summaries of the runs, in parallel processes, each its own seeded copy of every trace
-    (identical across processes and policies)."""
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(setup, split, seed)) as pool:
-        return dict(tqdm(pool.map(_one, jobs), total=len(jobs), desc="simulate", unit="run"))
+def write(result: dict, out: Path) -> None:
+    (out / "simulator_scale.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = ["# simulator_scale", "", f"Generated by `python -m benchmarks.simulator scale`: bursts of {PER_SLOT}x the "
+             f"slots, {result['seeds']} seeds, the simulator {'validated' if result['validated'] else 'NOT validated'} "
+             "against the real runs (simulator_validation.md), predictions free. Change against ray_default, median "
+             "[min, max] over the seeds.", "", "| replicas | policy | mean JCT | short p99 | p99 |", "|---|---|---|---|---|"]
+    pct = lambda c, r: f"{100 * c:+.1f}% [{100 * r[0]:+.1f}, {100 * r[1]:+.1f}]"  # noqa: E731
+    for size, by_policy in result["bursts"].items():
+        lines += [f"| {size} | {p} | " + " | ".join(pct(m[f"{k}_change"], m[f"{k}_change_range"])
+                                                   for k in ("mean_jct_s", "short_p99_jct_s", "p99_jct_s")) + " |"
+                  for p, m in by_policy.items() if p != "ray_default"]
+    (out / "simulator_scale.md").write_text("\n".join(lines) + "\n")

@@ -1,6 +1,6 @@
 """The simulator against the real stack: real runs replayed through the same scheduling code.
 
-Each real run left its per-request records (benchmarks.replay.runs; rollouts: rollout_requests.jsonl).
+Each real run left its per-request records (benchmarks.replay.runs; rollouts: their samples).
 A replay gives the simulator the same requests: the same arrivals (when each was sent), prompts,
 lengths (what the engine really generated), the same policy deciding through the router's
 scheduling core, ranking each request by what the real router knew when it dispatched it (a
@@ -411,31 +411,29 @@ def tpot_by_batch(compared: dict[str, dict], names: list[str]) -> dict:
     return out
 
 
-def load_runs(runs_dir: Path, rollout_records: Path) -> dict[str, Run]:
-    """Every real run on disk that answered all its requests: the bursts and loads (runs/*.jsonl)
-    and the real rollouts."""
+def load_runs(runs_dir: Path) -> dict[str, Run]:
+    """Every real run on disk (runs/<scenario>/<side>__r<k>.jsonl) that answered all its requests:
+    bursts and loads (the client's records joined with the router's) and rollouts (their samples)."""
     from benchmarks.replay.probe import read_probe
-    from benchmarks.replay.runs import read_run
-    from benchmarks.rollout.real import SCHEDULES, rl_prompt_tokens
+    from benchmarks.replay.runs import read_run, run_name
+    from benchmarks.rollouts import rl_prompt_tokens
+    from benchmarks.scenarios import SCENARIOS
 
     runs = {}
-    for path in sorted(runs_dir.glob("*.jsonl")):
-        name = path.stem.replace("__", "/")
+    for path in sorted(runs_dir.rglob("*__r*.jsonl")):
+        name = run_name(path, runs_dir)
+        scenario = SCENARIOS.get(name.split("/")[0])
+        if scenario is not None and scenario.kind == "rollout":
+            samples = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            side = scenario.side(name.split("/")[1])
+            runs[name] = rollout_run(name, samples, side.schedule, rl_prompt_tokens(scenario.workload.prompts))
+            continue
         records = read_run(name, runs_dir)
         # The simulator has no queue bound: replaying only the answered part of a run whose router
         # turned requests away (503 after request_timeout_s) would replay another workload.
         if any(r.status != "ok" for r in records):
             continue
         runs[name] = replace(online_run(name, records), probe=read_probe(path))
-    if rollout_records.exists():
-        batches = defaultdict(list)
-        for line in rollout_records.read_text().splitlines():
-            sample = json.loads(line)
-            batches[(sample["policy"], sample["repeat"])].append(sample)
-        tokens = rl_prompt_tokens(max(s["prompt_index"] for b in batches.values() for s in b) + 1)
-        for (policy, repeat), samples in sorted(batches.items()):
-            name = f"rollout/{policy}/r{repeat}"
-            runs[name] = rollout_run(name, samples, SCHEDULES[policy], tokens)
     return runs
 
 
