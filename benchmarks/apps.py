@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.replay.stack import REPO, merge
-from benchmarks.scenarios import Scenario, Side
+from benchmarks.replay.stack import REPO
+from benchmarks.scenarios import Rollout, Scenario, Side
 from router.scheduling.policies import head_of
 from router.serving.config import StackConfig
 
@@ -44,17 +44,24 @@ def policy_of(side: Side) -> str:
     return side.policy or default_policy()
 
 
-def stack_app(scenario: Scenario, request_log: Path, extra: dict | None = None) -> App:
+def stack_app(scenario: Scenario, workdir: Path) -> App:
     """The one stack a scenario's stack sides share: benchmark headers, the request log, a request
     bound no run reaches, and the heads its sides read, no other. Its configured policy is
     ray_config's when a side sends none, else one that reads the first head (the others are named
-    per request)."""
+    per request). A rollout batch with a history keeps each prompt's last n lengths in a file of
+    the session's own."""
     sides = [s for s in scenario.sides if s.app == "stack"]
     heads = list(dict.fromkeys(h for s in sides for h in (s.heads or (head_of(policy_of(s)),)) if h))
-    router = {"benchmark_headers": True, "request_log": str(request_log), "request_timeout_s": RUN_TIMEOUT_S}
+    router = {"benchmark_headers": True, "request_log": str(request_log(workdir)), "request_timeout_s": RUN_TIMEOUT_S}
     if heads and all(s.policy is not None for s in sides):
         router["policy"] = next(policy_of(s) for s in sides if head_of(policy_of(s)) == heads[0])
-    return App("stack", merge({"router": router, "predictor": {"extra_heads": heads[1:]}}, extra or {}))
+    if isinstance(scenario.workload, Rollout) and scenario.workload.history:
+        router["history"] = {"path": str(workdir / "length_history.json"), "lengths_per_prompt": scenario.workload.n}
+    return App("stack", {"router": router, "predictor": {"extra_heads": heads[1:]}})
+
+
+def request_log(workdir: Path) -> Path:
+    return workdir / "requests.jsonl"
 
 
 def stock_app() -> App:
@@ -66,7 +73,8 @@ def stock_app() -> App:
     config = StackConfig.model_validate(app["args"])
     pool = config.pools[0]
     fifo = config.router.model_copy(update={"shortest_first": False})  # the stock app sends no priority
-    llm = llm_config(config.model, pool, fifo).model_dump(mode="json", exclude_unset=True)
+    # Ours alone: the stock app has no engine-lifetime callback (deployments.engine_lifetime).
+    llm = llm_config(config.model, pool, fifo).model_dump(mode="json", exclude_unset=True, exclude={"callback_config"})
     for ours in ("request_router_config", "max_queued_requests", "name"):  # Ray's own router, unbounded queue
         llm["deployment_config"].pop(ours, None)
     return App("stock", application={

@@ -39,7 +39,9 @@ def side_figures(scenario: Scenario, run: str) -> dict:
     if scenario.kind == "rollout":
         samples = [json.loads(line) for line in run_path(run).read_text().splitlines() if line.strip()]
         batch = scenario.workload
-        return {**rollouts.batch_metrics(samples), "lost": batch.prompts * batch.n - len(samples)}
+        meta = run_path(run).with_suffix(".meta.json")
+        return {**rollouts.batch_metrics(samples), **(json.loads(meta.read_text()) if meta.exists() else {}),
+                "lost": batch.prompts * batch.n - sum(s.get("call", 1) == 1 for s in samples)}
     records = read_run(run)
     if scenario.workload.trace == "sharegpt":  # no true lengths: what each run generated stands for them
         records = [r.model_copy(update={"true_output_tokens": r.completion_tokens or 0}) for r in records]
@@ -117,6 +119,8 @@ def write(report: str) -> dict:
         from benchmarks.apps import default_policy
 
         result["default_policy"] = {"cpu": default_policy(), "gpu": default_policy()}
+    if report == "rollout":
+        result.update(rollout_summary(result))
     result["lost_requests"] = sum(v.get("lost_requests", 0) for v in result.values() if isinstance(v, dict))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{report}.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -124,6 +128,42 @@ def write(report: str) -> dict:
     plot(report, scenarios, result)
     update_readme()
     return result
+
+
+def rollout_summary(result: dict) -> dict:
+    """The rollout results in the shape issue 43 asks for, each repeat flat, beside the simulator's
+    makespan error on these scenarios' runs (simulator_validation.json)."""
+    def flat(name: str, fields: dict[str, tuple[str, str]]) -> list[dict]:
+        return [{key: rep.get(side, {}).get(metric) for key, (side, metric) in fields.items()}
+                for rep in result.get(name, {}).get("repeats", [])]
+
+    out = {
+        "history": {"repeats": flat("rollout_history", {"fifo_makespan_s": ("fifo", "makespan_s"),
+                                                        "history_makespan_s": ("history", "makespan_s"),
+                                                        "ceiling_makespan_s": ("ceiling", "makespan_s")})},
+        "first_k": {"k": SCENARIOS["rollout_first_k"].side("first_k").k, "n": SCENARIOS["rollout_first_k"].workload.n,
+                    "repeats": flat("rollout_first_k", {"full_fifo_makespan_s": ("fifo", "makespan_s"),
+                                                        "first_k_makespan_s": ("first_k", "makespan_s"),
+                                                        "inflight_zero_after_s": ("first_k", "inflight_zero_after_s")})},
+        "partial": {"repeats": [{"full_makespan_s": rep.get("fifo", {}).get("makespan_s"),
+                                 "partial_makespan_s": (rep.get("partial", {}).get("calls") or [None])[0],
+                                 "continued_makespan_s": ((rep.get("partial", {}).get("calls") or [None, None]) + [None])[1],
+                                 "tokens_full": rep.get("fifo", {}).get("output_tokens"),
+                                 "tokens_partial_plus_continued": rep.get("partial", {}).get("output_tokens")}
+                                for rep in result.get("rollout_partial", {}).get("repeats", [])]},
+    }
+    gains = [(1 - h / f, 1 - c / f) for r in out["history"]["repeats"]
+             if None not in (f := r["fifo_makespan_s"], h := r["history_makespan_s"], c := r["ceiling_makespan_s"])]
+    ceiling_gain = float(np.median([c for _, c in gains])) if gains else None
+    out["history"]["share_of_ceiling_gain"] = (float(np.median([h for h, _ in gains])) / ceiling_gain
+                                               if ceiling_gain and ceiling_gain > 0 else None)
+    validation = RESULTS / "simulator_validation.json"
+    if validation.exists():
+        runs = json.loads(validation.read_text())["runs"]
+        errors = [abs(r["error"]["makespan_s"]) for name, r in runs.items()
+                  if name.startswith("rollout_") and r["set"] == "held out"]
+        out["simulator_makespan_error"] = float(np.mean(errors)) if errors else None
+    return out
 
 
 def _pct(x: float | None) -> str:

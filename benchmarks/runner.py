@@ -19,7 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from benchmarks import report, rollouts, workloads
-from benchmarks.apps import RUN_TIMEOUT_S, App, stack_app, stock_app
+from benchmarks.apps import RUN_TIMEOUT_S, App, request_log, stack_app, stock_app
 from benchmarks.replay.actors import START_LEAD_S, connect, spawn_actors
 from benchmarks.replay.probe import measure
 from benchmarks.replay.runs import execute, run_path
@@ -48,10 +48,6 @@ class Session:
         self.app: App | None = None
         self.stack: RunningStack | None = None
         self.actors: list = []
-
-    @property
-    def request_log(self) -> Path:
-        return self.workdir / "requests.jsonl"
 
     def use(self, app: App) -> RunningStack:
         if app != self.app:
@@ -86,7 +82,7 @@ def run(scenario: Scenario, repeats: int | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp, Session(Path(tmp)) as session:
         requests = None
         for k, side in tqdm(todo, desc=scenario.name, unit="run"):
-            app = stock_app() if side.app == "stock" else stack_app(scenario, session.request_log)
+            app = stock_app() if side.app == "stock" else stack_app(scenario, session.workdir)
             stack = session.use(app)
             name = f"{scenario.name}/{side.name}/r{k}"
             if scenario.kind == "rollout":
@@ -95,7 +91,7 @@ def run(scenario: Scenario, repeats: int | None = None) -> None:
                 if requests is None:  # one trace for every side of this session (a load's is probed once)
                     requests = workloads.trace(scenario.workload, scenario.name, lambda: _probe(session, scenario))
                 execute(name, stack.base_url, session.actors, workloads.for_side(requests, side, scenario.workload.seed),
-                        side.policy, None if side.app == "stock" else session.request_log, timeout_s=RUN_TIMEOUT_S,
+                        side.policy, None if side.app == "stock" else request_log(session.workdir), timeout_s=RUN_TIMEOUT_S,
                         label=side.name, progress=True)
             report.write(scenario.report)
     report.write(scenario.report)

@@ -44,11 +44,14 @@ class Workload:
 
 @dataclass(frozen=True)
 class Rollout:
-    """A /v1/rollout batch: the dataset's RL test prompts, n samples each."""
+    """A /v1/rollout batch: the dataset's RL test prompts, n samples each. `history`: the stack keeps
+    each prompt's last n lengths (a fresh file per session), so a side's epoch 2 is ranked by its
+    epoch 1."""
 
     prompts: int = 13
     n: int = 8
     max_tokens: int = 512
+    history: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,8 @@ class Side:
     repeats: int | None = None
     schedule: Literal["fifo", "makespan"] | None = None
     lengths_from: Literal["head", "ceiling", "history"] | None = None
+    k: int | None = None  # first k of each prompt's n samples, the rest cut
+    budget_quantile: float | None = None  # partial: a token budget at this quantile of the batch's lengths
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,8 @@ STOCK = Side("stock", app="stock")  # Ray Serve LLM's build_openai_app with the 
 DEFAULT = Side("default")  # this stack as ray_config.yaml serves it
 RAY_DEFAULT = Side("ray_default", policy="ray_default")
 LAST_WORK = Side("last_work", policy="last_work")
+FIFO = Side("fifo", schedule="fifo")
+CEILING_MAKESPAN = Side("ceiling", schedule="makespan", lengths_from="ceiling")
 BURST = Workload()
 FIXED_BURST = Workload(lengths="fixed")
 LOAD = "What the order does under continuous arrivals at fixed lengths, where few requests wait"
@@ -160,7 +167,16 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
                                                  (1.1, "poisson", 150, 3))),
     # RL rollouts: a batch waits for its longest sample.
     Scenario("rollout_schedules", "rollout", "Longest-first (makespan) against the batch's order on one RL batch",
-             (Side("fifo", schedule="fifo"), Side("estp", schedule="makespan", lengths_from="head"),
-              Side("ceiling", schedule="makespan", lengths_from="ceiling")),
+             (FIFO, Side("estp", schedule="makespan", lengths_from="head"), CEILING_MAKESPAN),
              "fifo", 3, Rollout(max_tokens=256)),
+    Scenario("rollout_history", "rollout", "Epoch 2 of an RL batch ranked longest-first by each prompt's lengths in "
+             "epoch 1, against the batch's order and the ceiling",
+             (FIFO, Side("history", schedule="makespan", lengths_from="history"), CEILING_MAKESPAN), "fifo", 3,
+             Rollout(history=True), (Target("history", "makespan_s", 0.0, each=True),)),
+    Scenario("rollout_first_k", "rollout", "The first 6 of each prompt's 8 samples, the rest cut in the engines",
+             (FIFO, Side("first_k", schedule="fifo", k=6)), "fifo", 3, Rollout(),
+             (Target("first_k", "makespan_s", -0.30),)),
+    Scenario("rollout_partial", "rollout", "Samples stopped at the 75th percentile of lengths as partial, "
+             "continued in a second call, against one full call",
+             (FIFO, Side("partial", schedule="fifo", budget_quantile=0.75)), "fifo", 3, Rollout()),
 )}

@@ -37,17 +37,20 @@ def _scenario(*sides, repeats=2):
 
 
 def test_a_stack_serves_only_the_heads_its_sides_read(tmp_path):
-    log = tmp_path / "log.jsonl"
+    log = tmp_path / "requests.jsonl"
     early = apps.stack_app(_scenario(Side("ray_default", policy="ray_default"),
-                                     Side("early_work", policy="early_work", heads=("early",))), log)
+                                     Side("early_work", policy="early_work", heads=("early",))), tmp_path)
     router = early.overrides["router"]
     assert router["policy"] == "early_work" and early.overrides["predictor"]["extra_heads"] == []
     assert router["benchmark_headers"] and router["request_log"] == str(log) and router["request_timeout_s"] == 3600
-    both = apps.stack_app(_scenario(Side("last_work", policy="last_work"), Side("estp_work", policy="estp_work")), log)
+    both = apps.stack_app(_scenario(Side("last_work", policy="last_work"), Side("estp_work", policy="estp_work")), tmp_path)
     assert both.overrides["router"]["policy"] == "last_work" and both.overrides["predictor"]["extra_heads"] == ["estp"]
     # A side with no policy is served by ray_config's own: the stack keeps it.
-    default = apps.stack_app(_scenario(Side("stock", app="stock"), Side("default"), Side("ray_default", policy="ray_default")), log)
+    default = apps.stack_app(_scenario(Side("stock", app="stock"), Side("default"), Side("ray_default", policy="ray_default")), tmp_path)
     assert "policy" not in default.overrides["router"] and default.overrides["predictor"]["extra_heads"] == []
+    assert "history" not in default.overrides["router"]  # online sides never inherit each other's lengths
+    history = apps.stack_app(SCENARIOS["rollout_history"], tmp_path).overrides["router"]["history"]
+    assert history == {"path": str(tmp_path / "length_history.json"), "lengths_per_prompt": 8}  # the last epoch
 
 
 def test_the_stock_app_has_the_stacks_engines_and_rays_own_router():

@@ -202,3 +202,25 @@ def test_a_simulated_padding_rollout_runs_similar_lengths_together_one_group_per
         for before, after in zip(lane, lane[1:]):
             if before.group != after.group:
                 assert after.dispatched_at >= max(out.finish[int(r.id[1:])] for r in lane if r.group == before.group)
+
+
+def test_a_simulated_first_k_rollout_cuts_each_prompts_tail_in_the_engines():
+    """Two prompts x 4 samples, k = 2: each prompt's two shortest finish, the others end when the
+    second does (aborted mid-decode, their slots given back), so the rollout ends far sooner."""
+    lengths = [20, 30, 400, 500, 25, 35, 450, 480]
+    spec = ClusterSpec(pools=["one"], replicas={"one": 2}, max_ongoing_requests=4)
+
+    def run(k):
+        workload = _samples(lengths)
+        for i, r in enumerate(workload.requests):
+            r.family = i // 4
+        return workload, simulate_rollout(workload, "fifo", spec, LIMITS, MODEL, k=k)
+
+    full_workload, full = run(None)
+    cut_workload, cut = run(2)
+    assert [r.finish_reason for r in cut_workload.requests].count("cut") == 4
+    for r in cut_workload.requests:
+        if r.finish_reason == "cut":
+            assert r.completion_tokens < r.told_tokens  # stopped mid-decode, not run to its length
+    assert cut.finish.max() < 0.5 * full.finish.max()
+    assert all(r.finish_reason != "cut" for r in full_workload.requests)

@@ -71,6 +71,7 @@ class Run:
     finish: np.ndarray
     predictor_busy: list[tuple[float, float]]  # client clock: when the predictor was prefilling
     probe: Probe | None = None  # the machine's speed just before the run (None: not probed)
+    k: int | None = None  # a first-k rollout's k
 
     def workload(self, hops: Hops) -> Workload:
         """Fresh records (a simulation fills them), reaching the router when the hops bring them."""
@@ -108,16 +109,20 @@ def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def rollout_run(name: str, samples: list[dict], schedule: str, prompt_tokens: list[int]) -> Run:
-    """A /v1/rollout batch: every sample there at the start, each with the estimate its plan used."""
+def rollout_run(name: str, samples: list[dict], schedule: str, prompt_tokens: list[int], max_tokens: int = 1024,
+                k: int | None = None) -> Run:
+    """A /v1/rollout call: every sample there at the start, each with the estimate its plan used.
+    A continued sample's prompt is its prompt and what it had generated; a sample cut by first-k
+    (`k`) is given its cap as its length, since it would have run on had the simulation not cut it."""
     ok = [s for s in samples if s["error"] is None]
-    requests = [Request(f"{s['prompt_index']}/{s['sample_index']}", "rollout", prompt_tokens=prompt_tokens[s["prompt_index"]],
-                        max_tokens=1024, family=s["prompt_index"],
+    requests = [Request(f"{s['prompt_index']}/{s['sample_index']}", "rollout",
+                        prompt_tokens=prompt_tokens[s["prompt_index"]] + s.get("resumed_tokens", 0),
+                        max_tokens=max_tokens - s.get("resumed_tokens", 0), family=s["prompt_index"],
                         told_tokens=None if s["estimated_tokens"] is None else round(s["estimated_tokens"]))
                 for s in ok]
-    return Run(name, schedule, "ray_default", "least_inflight", requests,
-               np.array([s["completion_tokens"] for s in ok]), np.zeros(len(ok)),
-               np.array([s["first_token_s"] for s in ok]), np.array([s["finished_s"] for s in ok]), [])
+    output = [max_tokens - s.get("resumed_tokens", 0) if s.get("status") == "cut" else s["completion_tokens"] for s in ok]
+    return Run(name, schedule, "ray_default", "least_inflight", requests, np.array(output), np.zeros(len(ok)),
+               np.array([s["first_token_s"] for s in ok]), np.array([s["finished_s"] for s in ok]), [], k=k)
 
 
 def simulated(run: Run, setup: Setup, fit: Fit, replicas: int, per_replica: int) -> tuple[np.ndarray, np.ndarray]:
@@ -127,7 +132,7 @@ def simulated(run: Run, setup: Setup, fit: Fit, replicas: int, per_replica: int)
     model = fit.model(setup.model, run.probe)
     workload = run.workload(fit.hops if run.kind == "online" else Hops())
     if run.kind != "online":  # a rollout's times are the router's own, from the batch's start
-        out = simulate_rollout(workload, run.kind, spec, setup.limits, model)
+        out = simulate_rollout(workload, run.kind, spec, setup.limits, model, k=run.k)
         return out.first_token, out.finish
     scheduler = setup.scheduler(run.policy, spec, bounded=False)
     out = simulate(workload, scheduler, spec, setup.limits, model, setup.config.model.max_model_len)
@@ -425,8 +430,12 @@ def load_runs(runs_dir: Path) -> dict[str, Run]:
         scenario = SCENARIOS.get(name.split("/")[0])
         if scenario is not None and scenario.kind == "rollout":
             samples = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            side = scenario.side(name.split("/")[1])
-            runs[name] = rollout_run(name, samples, side.schedule, rl_prompt_tokens(scenario.workload.prompts))
+            _, side_name, repeat = name.split("/")
+            side, tokens = scenario.side(side_name), rl_prompt_tokens(scenario.workload.prompts)
+            for call in sorted({s.get("call", 1) for s in samples}):  # a partial side's continuation is a call of its own
+                called = f"{scenario.name}/{side_name}{'' if call == 1 else '_continued'}/{repeat}"
+                runs[called] = rollout_run(called, [s for s in samples if s.get("call", 1) == call], side.schedule,
+                                           tokens, scenario.workload.max_tokens, side.k)
             continue
         records = read_run(name, runs_dir)
         # The simulator has no queue bound: replaying only the answered part of a run whose router
