@@ -51,12 +51,16 @@ def side_figures(scenario: Scenario, run: str) -> dict:
 
 
 def budget_figures(records: list[RunRecord]) -> dict:
-    """How the router's predictor budget decided for this run's requests (none on the stock app)."""
+    """How the router's predictor budget decided for the requests that waited (none on the stock
+    app): the shares of all its verdicts, and of those it priced (a cheap signal's skip is not
+    the budget's), the share it skipped."""
     decisions = [r.prediction_decision for r in records if r.prediction_decision is not None]
     if not decisions:
-        return {}
-    return {f"{d}_share": sum(x == d for x in decisions) / len(decisions)
-            for d in ("predicted", "skipped_by_budget", "skipped_by_signal")}
+        return {"budget_verdicts": 0}
+    priced = [d for d in decisions if d != "skipped_by_signal"]
+    return {"budget_verdicts": len(decisions),
+            **{f"{d}_share": sum(x == d for x in decisions) / len(decisions) for d in ("predicted", "skipped_by_signal")},
+            "skipped_by_budget_share": sum(d == "skipped_by_budget" for d in priced) / len(priced) if priced else None}
 
 
 def repeats(scenario: Scenario) -> list[dict[str, dict]]:
@@ -106,8 +110,12 @@ def scenario_result(scenario: Scenario) -> dict | None:
         out["share_of_ceiling_gain"] = (gain(hints) / gain(ceiling)
                                         if gain(hints) is not None and gain(ceiling) and gain(ceiling) > 0 else None)
     if scenario.name == "calm":
-        skipped = [rep["default"].get("skipped_by_budget_share") for rep in reps if "default" in rep]
-        out["budget_skipped_share"] = float(np.mean(skipped)) if skipped and None not in skipped else None
+        sides = [rep["default"] for rep in reps if "default" in rep]
+        priced = sum(m["budget_verdicts"] * (1 - m.get("skipped_by_signal_share", 0)) for m in sides)
+        skipped = sum(m["budget_verdicts"] * (1 - m.get("skipped_by_signal_share", 0)) * m["skipped_by_budget_share"]
+                      for m in sides if m.get("skipped_by_budget_share") is not None)
+        out["budget_priced_requests"] = round(priced)  # the waiting requests the budget weighed, all repeats
+        out["budget_skipped_share"] = skipped / priced if priced else None
     return out
 
 
@@ -259,11 +267,7 @@ def _row(what: str, name: str, side: str, metric: str) -> str | None:
             f"[{scenario.report}.md](benchmarks/results/{scenario.report}.md#{name}) |")
 
 
-def _simulator_row() -> str | None:
-    path = RESULTS / "simulator_validation.json"
-    if not path.exists():
-        return None
-    v = json.loads(path.read_text())
+def _simulator_row(v: dict) -> str:
     a, floor = v["aggregate"], v["noise_floor"]
     return (f"| Simulator against {len(v['held_out_runs'])} held-out real runs: mean-JCT error | one real run's spread "
             f"({100 * floor['mean_jct_s']:.1f}%) | {100 * a['mean_jct_s']['absolute']:.1f}% (throughput "
@@ -271,12 +275,8 @@ def _simulator_row() -> str | None:
             " (10%) | [simulator_validation.md](benchmarks/results/simulator_validation.md) |")
 
 
-def _accuracy_row() -> str | None:
-    path = RESULTS / "predictor_accuracy.json"
-    if not path.exists():
-        return None
-    methods = json.loads(path.read_text())["methods"]
-    mae = {m: methods[m]["avg"]["mae"] for m in ("estp", "last") if "avg" in methods.get(m, {})}
+def _accuracy_row(a: dict) -> str | None:
+    mae = {m: a["methods"][m]["avg"]["mae"] for m in ("estp", "last") if "avg" in a["methods"].get(m, {})}
     if len(mae) < 2:
         return None
     return (f"| ESTP's MAE (tokens, cross-validated) | the last token's head ({mae['last']:.1f}) | {mae['estp']:.1f} | "
@@ -284,19 +284,20 @@ def _accuracy_row() -> str | None:
             "[predictor_accuracy.md](benchmarks/results/predictor_accuracy.md) |")
 
 
-def _overload_row() -> str | None:
-    path = RESULTS / "reliability.json"
-    if not path.exists():
-        return None
-    o = json.loads(path.read_text())["overload"]
+def _overload_row(r: dict) -> str:
+    o = r["overload"]
     ok = o["lost"] == 0 and o["failed"] == 0 and o["rejections_with_retry_after"] == o["rejected"]
-    return (f"| Overload at {json.loads(path.read_text())['target_over_capacity']}x capacity: lost, failed | nothing lost "
+    return (f"| Overload at {r['target_over_capacity']}x capacity: lost, failed | nothing lost "
             f"| {o['lost']} lost, {o['failed']} failed, {o['rejected']} of {o['sent']} got 429 + Retry-After | "
             f"{'held' if ok else 'missed'} | [reliability.md](benchmarks/results/reliability.md) |")
 
 
+OTHER_ROWS = (("simulator_validation", _simulator_row), ("predictor_accuracy", _accuracy_row), ("reliability", _overload_row))
+
+
 def readme_table() -> str:
-    rows = [_row(*row) for row in ROWS] + [_simulator_row(), _accuracy_row(), _overload_row()]
+    rows = [_row(*row) for row in ROWS] + [row(json.loads(path.read_text())) for stem, row in OTHER_ROWS
+                                           if (path := RESULTS / f"{stem}.json").exists()]
     return "\n".join(["| scenario | baseline | figure: median [min, max] | target | results |",
                       "|---|---|---|---|---|", *(r for r in rows if r)])
 

@@ -99,6 +99,10 @@ def build_app(args: dict) -> Application:
                                                          learner=learner)
 
 
+# The router's share of the 30 s `serve run` gives a shutdown (deployments.engine_pool.POOL_DRAIN_S).
+ROUTER_DRAIN_S = 10
+
+
 def router_options(config: StackConfig) -> dict:
     """Ray Serve's options for the router deployment.
 
@@ -107,6 +111,9 @@ def router_options(config: StackConfig) -> dict:
     replica, and a replica whose event loop is busy takes them late: at 2.5x capacity a queue of
     64 filled in a burst (benchmarks/results/reliability.md). So Ray's queue is bounded at 256,
     and what it refuses past that carries Retry-After too (in Ray's own plain-text 503).
+
+    A stopped router lets its requests finish for at most ROUTER_DRAIN_S: Serve stops it before the
+    pools, and both drains must end before `serve run` gives up on the shutdown (30 s).
     """
     return {"max_queued_requests": 256, "backpressure_config": BackpressureConfig(status_code=503, retry_after_s=2),
-            **config.router.deployment}
+            "graceful_shutdown_timeout_s": ROUTER_DRAIN_S, **config.router.deployment}

@@ -10,6 +10,8 @@ import os
 
 from ray.serve.llm import LLMConfig, build_llm_deployment
 
+from deployments.engine_lifetime import EngineLifetime
+from deployments.pool_server import PoolServer
 from predictor.model_files import resolve_model_source
 from router.serving.config import ModelSpec, PoolSpec, RouterSpec
 
@@ -24,6 +26,11 @@ _CPU_ENGINE_ENV_DEFAULTS = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "OMP_NUM_THREADS": "1",
 }
+# How long a stopped replica may finish its requests. Ray Serve stops the router first and the
+# pools after it, and `serve run` gives up on the whole shutdown after 30 s and kills the cluster
+# (ray/serve/_private/client.py, `shutdown`): router + pool drains must fit in it, so that Ctrl-C
+# ends the stack through Serve's own shutdown (deployments.app.ROUTER_DRAIN_S).
+POOL_DRAIN_S = 10
 # A node group's resource is a label, not a capacity: each replica asks for a sliver of it, so a
 # node of the group takes as many replicas as its CPUs/GPUs allow.
 NODE_GROUP_SHARE = 0.001
@@ -60,6 +67,7 @@ def llm_config(model: ModelSpec, pool: PoolSpec, router: RouterSpec) -> LLMConfi
     # The router holds waiting requests itself (at most the pool's slots in flight); Ray's own
     # queue in front of the replicas only absorbs what several router replicas over-admit.
     deployment.setdefault("max_queued_requests", 2 * deployment.get("max_ongoing_requests", 16))
+    deployment.setdefault("graceful_shutdown_timeout_s", POOL_DRAIN_S)
     # The scheduling core's replica choice, reporting where each request went (router.serving.replica_router).
     deployment["request_router_config"] = {
         "request_router_class": "router.serving.replica_router:LedgerRequestRouter",
@@ -75,8 +83,10 @@ def llm_config(model: ModelSpec, pool: PoolSpec, router: RouterSpec) -> LLMConfi
         placement_group_config={"bundles": [engine_bundle(model, pool)]},
         deployment_config=deployment,
         runtime_env={"env_vars": env},
+        # The engine processes end with their replica, however it ends (deployments.engine_lifetime).
+        callback_config={"callback_class": EngineLifetime},
     )
 
 
 def build_pool(model: ModelSpec, pool: PoolSpec, router: RouterSpec):
-    return build_llm_deployment(llm_config(model, pool, router), name_prefix="pool-")
+    return build_llm_deployment(llm_config(model, pool, router), name_prefix="pool-", deployment_cls=PoolServer)

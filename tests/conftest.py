@@ -21,11 +21,14 @@ def stack(tmp_path_factory):
     them take exactly the default path (policy last_work). The queue's aging bound is 20 s instead
     of 300 s, so that a test can watch a long request age past short ones; shorter, a short
     request's head start would be no longer than a loaded machine takes to carry it to the queue.
+    Prompts' lengths are kept in a history of the stack's own, written every second.
     """
     from tests.stack import RunningStack
 
-    overrides = {"router": {"benchmark_headers": True, "queue": {"max_overtake_s": 20}}}
-    running = RunningStack(tmp_path_factory.mktemp("stack"), overrides).start()
+    workdir = tmp_path_factory.mktemp("stack")
+    overrides = {"router": {"benchmark_headers": True, "queue": {"max_overtake_s": 20},
+                            "history": {"path": str(workdir / "length_history.json"), "flush_interval_s": 1}}}
+    running = RunningStack(workdir, overrides).start()
     yield running
     running.stop()
 

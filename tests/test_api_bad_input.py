@@ -64,6 +64,15 @@ def test_unparseable_bodies(stack, still_serving, name):
         ({"chat_template": "{% for i in range(10**9) %}x{% endfor %}"}, "chat_template", "not accepted"),
         # vLLM's CPU sampler kills the engine on a seeded request; still_serving checks it lives.
         ({"seed": 1}, "seed", "not supported"),
+        # The field as the client sent it, not the validator's union members and wrappers.
+        ({"messages": [{"role": "user", "content": None}]}, "messages.0.content", "valid string"),
+        ({"stop": [1]}, "stop.0", "valid string"),
+        ({"response_format": {"type": "nope"}}, "response_format.type", "'text'"),
+        # A length hint: a whole number of tokens within the context (router.api.protocol).
+        ({"metadata": {"expected_output_tokens": "lots"}}, "metadata.expected_output_tokens", "whole number"),
+        ({"metadata": {"expected_output_tokens": 0}}, "metadata.expected_output_tokens", "greater than or equal to 1"),
+        ({"metadata": {"expected_output_tokens": 100000}}, "metadata.expected_output_tokens", "context"),
+        ({"metadata": {"team": 3}}, "metadata", "must be a string"),
     ],
 )
 def test_invalid_fields(stack, still_serving, overrides, param, fragment):
@@ -78,6 +87,17 @@ def test_missing_fields(stack, still_serving, missing):
     del body[missing]
     r = _post(stack, "/v1/chat/completions", json_body=body)
     _assert_error(r, 400, f"'{missing}'")
+
+
+def test_a_hint_never_fails_a_request_it_fits(client, stack, still_serving):
+    """A hint above max_tokens, or on a completions call, is a hint: the cap wins, nothing fails."""
+    r = client.chat.completions.with_raw_response.create(
+        model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=50,
+        metadata={"expected_output_tokens": "4000", "team": "search"})
+    assert r.headers["x-length-source"] == "hint" and r.headers["x-predicted-tokens"] == "50"
+    done = client.completions.create(model=stack.model, prompt="Hello", max_tokens=60,
+                                     extra_body={"metadata": {"expected_output_tokens": 7}})
+    assert done.usage.completion_tokens >= 1
 
 
 def test_unknown_model_is_404_for_the_openai_client(client, still_serving):

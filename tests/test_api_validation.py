@@ -95,3 +95,68 @@ def test_a_seed_is_refused_where_the_engines_cannot_honour_it():
             _parse(payload, kind, seeded_sampling=False)
         assert e.value.status == 400 and e.value.param == "seed"
     assert _parse(_chat(), seeded_sampling=False).seed is None
+
+
+_TEXT = [{"role": "user", "content": "a"}]
+
+
+@pytest.mark.parametrize("payload,kind,param,fragment", [
+    # A union of message types: the member whose `role` matches, not the first member tried.
+    ({"model": MODEL, "messages": [{"role": "user", "content": None}]}, "chat", "messages.0.content", "valid string"),
+    # A union of a string and a list (`str`, `list[str]` branches).
+    (_chat(stop=[1]), "chat", "stop.0", "valid string"),
+    # vLLM's own wrap validator on a union of formats (`function-wrap[...]`) and their literal tags.
+    (_chat(response_format={"type": "nope"}), "chat", "response_format.type", "'text'"),
+    # A list of tools, a required key left out.
+    (_chat(tools=[{"type": "function"}]), "chat", "tools.0.function", "missing required"),
+    (_chat(logit_bias={"a": "b"}), "chat", "logit_bias.a", "valid number"),
+    # Prompt: a string, a list of ints or a list of lists (`list[constrained-int]`, ...).
+    ({"model": MODEL, "prompt": [1.5]}, "completions", "prompt.0", "valid integer"),
+    ({"model": MODEL, "prompt": {"a": 1}}, "completions", "prompt", "valid"),
+    # The length hint (router.api.protocol).
+    (_chat(metadata={"expected_output_tokens": "many"}), "chat", "metadata.expected_output_tokens", "whole number"),
+    (_chat(metadata={"expected_output_tokens": True}), "chat", "metadata.expected_output_tokens", "whole number"),
+    (_chat(metadata={"expected_output_tokens": 2.5}), "chat", "metadata.expected_output_tokens", "whole number"),
+    (_chat(metadata={"expected_output_tokens": "-3"}), "chat", "metadata.expected_output_tokens", "whole number"),
+    (_chat(metadata={"expected_output_tokens": 0}), "chat", "metadata.expected_output_tokens", "greater than or equal"),
+    (_chat(metadata={"expected_output_tokens": 101}), "chat", "metadata.expected_output_tokens", "exceeds the model"),
+    ({"model": MODEL, "prompt": "x", "metadata": {"expected_output_tokens": "101"}}, "completions",
+     "metadata.expected_output_tokens", "context"),
+    (_chat(metadata="fast"), "chat", "metadata", "object of string keys"),
+    (_chat(metadata={"team": 7}), "chat", "metadata", "must be a string"),
+    (_chat(metadata={f"k{i}": "v" for i in range(17)}), "chat", "metadata", "at most 16"),
+    (_chat(metadata={"k" * 65: "v"}), "chat", "metadata", "at most 64"),
+])
+def test_errors_name_the_field_as_the_client_sent_it(payload, kind, param, fragment):
+    with pytest.raises(APIError) as exc:
+        _parse(payload, kind)
+    assert exc.value.status == 400 and exc.value.param == param
+    assert fragment.lower() in exc.value.message.lower()
+    assert f"'{param}'" in exc.value.message
+    for inner in ("Param", "function-", "list[", "str'", "generator", "constrained"):
+        assert inner not in exc.value.message, exc.value.message
+
+
+def test_fastapis_errors_are_told_in_the_body_it_parsed():
+    """FastAPI validates the parsed body (python mode) and prefixes its locations with `body`."""
+    from fastapi.exceptions import RequestValidationError
+    from pydantic import ValidationError
+
+    from router.api.protocol import ChatBody
+    from router.api.validation import validation_error
+
+    payload = {"model": MODEL, "messages": [{"role": "system", "content": "a"}, {"role": "user", "content": None}]}
+    with pytest.raises(ValidationError) as exc:
+        ChatBody.model_validate(payload)
+    errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.value.errors()]
+    err = validation_error(RequestValidationError(errors, body=payload), payload)
+    assert err.param == "messages.1.content" and "Param" not in err.message
+
+
+def test_a_valid_hint_reaches_the_body_and_other_metadata_passes():
+    body = _parse(_chat(metadata={"expected_output_tokens": "30", "team": "search"}))
+    assert body.metadata.expected_output_tokens == 30 and body.metadata.model_extra == {"team": "search"}
+    assert _parse(_chat(metadata={"expected_output_tokens": 100})).metadata.expected_output_tokens == 100  # the context
+    assert _parse({"model": MODEL, "prompt": "x", "metadata": {"expected_output_tokens": 7}},
+                  kind="completions").metadata.expected_output_tokens == 7
+    assert _parse(_chat()).metadata is None

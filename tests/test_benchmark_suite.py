@@ -93,6 +93,7 @@ def test_a_fixed_length_reaches_the_stock_app_as_ignore_eos_and_hints_go_to_a_se
     assert sum(r.hint_tokens == 90 for r in half) == 5
     assert [r.hint_tokens for r in half] == [r.hint_tokens for r in workloads.for_side(trace, Side("h", hints=0.5))]
     assert all(r.hint_tokens == 90 for r in workloads.for_side(trace, Side("ceiling", hints=1.0)))
+    assert half[next(i for i, r in enumerate(half) if r.hint_tokens)].body("m")["metadata"] == {"expected_output_tokens": "90"}
 
 
 def test_a_loads_capacity_is_kept_and_a_later_session_replays_its_trace_at_its_own_speed(tmp_path, monkeypatch):

@@ -216,7 +216,7 @@ def test_a_prediction_that_lands_after_dispatch_updates_the_replicas_work_estima
     with httpx.stream("POST", f"{stack.base_url}/v1/chat/completions", json=body, timeout=300,
                       headers={**stack.client_headers, "X-Routing-Policy": "estp_work"}) as s:
         assert s.headers["x-routing-policy"] == "estp_work" and float(s.headers["x-queue-ms"]) == 0.0
-        assert "x-predicted-tokens" not in s.headers  # dispatched before its prediction landed
+        assert s.headers["x-length-source"] == "max_tokens"  # ignore_eos: the cap is its length, nothing to predict
         pool, lines = s.headers["x-pool"], s.iter_lines()
         deadline, seen = time.time() + 60, []
         while time.time() < deadline:
@@ -264,8 +264,9 @@ def test_dead_predictor_never_fails_a_request(stack):
     r = _post(stack, "/v1/chat/completions", _chat(stack, "Name a colour.", max_tokens=4))
     assert r.status_code == 200, r.text
     assert r.headers["x-routing-fallback"] in ("error", "timeout")
-    assert r.headers["x-routing-policy"] == "input_length" and "x-predicted-tokens" not in r.headers
-    assert r.json()["length_prediction"] is None and r.json()["choices"][0]["message"]["content"]
+    assert r.headers["x-routing-policy"] == "input_length" and r.headers["x-length-source"] == "max_tokens"
+    prediction = r.json()["length_prediction"]  # max_tokens 4 is the length: no prediction behind it
+    assert prediction["source"] == "max_tokens" and r.json()["choices"][0]["message"]["content"]
 
     deadline = time.time() + 300  # Serve restarts the replica: leave the stack as we found it
     while _post(stack, "/v1/length", _chat(stack, "Name a colour.")).status_code != 200:

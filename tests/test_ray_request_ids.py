@@ -53,9 +53,10 @@ class FanOut:
     async def __call__(self, calls: list[dict]) -> dict:
         """Each call: {"tokens", "pin" (a replica index or None), "delay_s"}; all from this one request."""
         from ray.serve import context
+        from ray.serve.llm.openai_api_models import ChatCompletionRequest
 
         from router.scheduling.request import Request
-        from router.serving.rollout import RolloutRunner
+        from router.serving.pool_client import Output
 
         replicas = sorted(self.client.ledger.live_replicas())
         parent = context._get_serve_request_context()._internal_request_id
@@ -64,22 +65,18 @@ class FanOut:
             await asyncio.sleep(call.get("delay_s", 0.0))
             pin = call.get("pin")
             request = Request(f"call-{i}-{parent}", "test", pinned=None if pin is None else replicas[pin])
-            body = RolloutRunner._body(_Req(call["tokens"]), "hi")
+            body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
+                                         max_tokens=call["tokens"], stream=True, stream_options={"include_usage": True})
             answer = await self.client.open(request, "chat", body, lambda r: None)
-            ran_on, ran_as = (await answer.text()).split(";")[0].split("|")
+            output = Output()
+            await answer.collect(output)
+            ran_on, ran_as = output.text.split(";")[0].split("|")
             return {"id": request.id, "pinned": request.pinned, "ran_on": ran_on, "ran_as": ran_as,
                     "replica": request.replica}
 
         results = await asyncio.gather(*(one(i, c) for i, c in enumerate(calls)))
         return {"parent": parent, "results": results,
                 "left_on_ledger": sum(load.requests for load in self.client.ledger.loads())}
-
-
-class _Req:
-    """The fields RolloutRunner._body reads: a one-message chat of `max_tokens` tokens."""
-
-    def __init__(self, tokens: int):
-        self.model, self.max_tokens, self.temperature, self.top_p = "m", tokens, 0.0, 1.0
 
 
 @pytest.fixture(scope="module")

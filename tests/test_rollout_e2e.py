@@ -1,18 +1,23 @@
-"""Rollouts through the default stack: POST /v1/rollout on real vLLM replicas."""
+"""Rollouts through the default stack: POST /v1/rollout on real vLLM replicas, first-k aborting in the
+engines, a partial sample continued from the prefix cache, the length history across a restart."""
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 
 import httpx
 import psutil
 import pytest
 
+from router.scheduling.length_stats import censored_stats
+
 pytestmark = pytest.mark.stack
 
 PROMPTS = ["Name a colour.", "What is 2 + 3?", "Say hi to a friend.", "Count to three."]
 REPLICA = "ServeReplica:lengthserve:pool-default"
+ROUTER = "ServeReplica:lengthserve:Router"
 
 
 def _rollout(stack, **body) -> httpx.Response:
@@ -42,17 +47,85 @@ def test_bad_rollouts_are_openai_errors(stack):
     r = _rollout(stack, prompts=PROMPTS, n=2, max_tokens=8, known_tokens=[[1, 2]] * 4)
     assert r.status_code == 401  # a client may not tell the router lengths without the benchmark key
     assert r.json()["error"]["code"] == "invalid_benchmark_key"
+    for bad in ({"k": 3}, {"k": 0}, {"budget_tokens": 0}, {"continuations": ["not-one-of-ours"]}):
+        r = _rollout(stack, prompts=PROMPTS[:1], n=2, max_tokens=8, **bad)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", (bad, r.text)
 
 
-def _engines(stack) -> list[psutil.Process]:
+def _engines(stack, replica: str = REPLICA) -> list[psutil.Process]:
     found = []
     for p in psutil.Process(stack.pid).children(recursive=True):
         try:
-            if REPLICA in " ".join(p.cmdline()):
+            if replica in " ".join(p.cmdline()):
                 found.append(p)
         except psutil.Error:  # gone, or a zombie not yet reaped (the killed replica): not an engine
             continue
     return found
+
+
+def _health(stack) -> dict:
+    return httpx.get(f"{stack.base_url}/health", timeout=30).json()
+
+
+def test_first_k_answers_at_k_and_the_engines_hold_nothing_within_2_s(stack):
+    r = _rollout(stack, prompts=["Write a long story about a dragon.", "List twenty animals."], n=4, max_tokens=200,
+                 temperature=1.0, k=1)
+    answered = time.time()
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["done"] >= 2 and out["cut"] >= 1 and out["done"] + out["cut"] == 8
+    for prompt in (0, 1):
+        assert sum(s["status"] == "done" for s in out["samples"] if s["prompt_index"] == prompt) >= 1
+    for s in out["samples"]:
+        if s["status"] == "cut":
+            assert s["finish_reason"] == "cut" and s["error"] is None and s["completion_tokens"] < 200
+    while any(n != 0 for replicas in _health(stack)["engine_requests"].values() for n in replicas.values()):
+        assert time.time() - answered < 2.0, _health(stack)["engine_requests"]  # the issue's target
+        time.sleep(0.1)
+
+
+def test_a_partial_sample_continues_where_it_stopped_from_the_prefix_cache(stack):
+    # Over one 128-token KV block of prompt, so its first block is cached once the first call ends.
+    prompt = "Here are some words: " + ", ".join(f"word{i}" for i in range(60)) + ". Write a long story using them."
+    r = _rollout(stack, prompts=[prompt], max_tokens=64, budget_tokens=8, temperature=0.0)
+    assert r.status_code == 200, r.text
+    first = r.json()["samples"][0]
+    assert (first["status"], first["completion_tokens"], first["finish_reason"]) == ("partial", 8, "length")
+    assert first["text"] and first["continuation_id"] and r.json()["partial"] == 1
+    r = _rollout(stack, continuations=[first["continuation_id"]], max_tokens=1, temperature=0.0)
+    assert r.status_code == 200, r.text
+    more = r.json()["samples"][0]
+    assert more["continues"] == 0 and more["resumed_tokens"] == 8 and more["status"] == "done", more
+    assert 1 <= more["completion_tokens"] <= 64 - 8 and more["text"]
+    assert more["replica"] == first["replica"] and more["cached_prompt_tokens"] >= 128
+
+
+def test_the_length_history_survives_a_router_restart(stack):
+    prompts = [f"Name a fruit ({uuid.uuid4().hex[:6]}).", f"Name a tool ({uuid.uuid4().hex[:6]})."]  # unseen
+    r = _rollout(stack, prompts=prompts, n=2, max_tokens=16)
+    assert r.status_code == 200, r.text
+    lengths = [[(s["completion_tokens"], s["finish_reason"] != "stop") for s in r.json()["samples"]
+                if s["prompt_index"] == p] for p in (0, 1)]
+    deadline = time.time() + 30
+    while _health(stack)["history"]["unwritten"]:  # written every second
+        assert time.time() < deadline
+        time.sleep(0.5)
+    [router] = _engines(stack, ROUTER)
+    router.kill()
+    deadline = time.time() + 300
+    while True:  # Serve starts a new router replica, which reads the file
+        assert time.time() < deadline, "the router did not come back"
+        try:
+            if httpx.get(f"{stack.base_url}/health", timeout=10).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    r = _rollout(stack, prompts=prompts, n=1, max_tokens=16, schedule="makespan")
+    assert r.status_code == 200, r.text
+    for s in r.json()["samples"]:
+        assert s["estimate_source"] == "history"
+        assert s["estimated_tokens"] == pytest.approx(censored_stats(lengths[s["prompt_index"]]).mean_tokens)
 
 
 def test_a_replica_killed_mid_rollout_loses_no_sample(stack):

@@ -14,6 +14,7 @@ from router.serving.config import RoutingPlan, StackConfig
 from router.serving.errors import APIError
 from router.serving.pipeline import Overrides, Pipeline
 from router.serving.replica_ledger import ledger
+from router.serving.rollout import RolloutRequest
 from tests import MODEL_DIR
 from tests.fakes import FakePool, FakePredictor
 
@@ -21,11 +22,14 @@ BINS = LengthBins(edges=[0, 20, 100, 400, 1024], centres=[10, 60, 250, 700], max
 _names = (f"pool{i}" for i in itertools.count())  # a pool of its own per test: ledgers are per process
 
 
-def _pipeline(policy="last_work", slots=1, predictor=None, live_quality=None, **pool) -> tuple[Pipeline, FakePool]:
+def _pipeline(policy="last_work", slots=1, predictor=None, live_quality=None, history=None,
+              **pool) -> tuple[Pipeline, FakePool]:
     name = next(_names)
     router = {"policy": policy, "fallback_policy": "ray_default", "queue": {"max_overtake_s": 100.0}}
     if live_quality:
         router["live_quality"] = live_quality
+    if history:
+        router["history"] = history
     config = StackConfig.model_validate({
         "pools": [{"name": name, "deployment": {"num_replicas": 1, "max_ongoing_requests": slots}}], "router": router})
     plan = RoutingPlan(str(MODEL_DIR), Pools((name,), ()), {"last": BINS}, "last", prior_tokens=250.0)
@@ -260,3 +264,32 @@ def test_a_waiting_requests_prediction_is_not_cut_at_the_critical_path_timeout()
 
     request = asyncio.run(run())
     assert request.prediction is not None and request.prediction_failure is None and not request.on_prior
+
+
+def test_a_prompt_seen_before_brings_its_own_lengths_and_every_ending_adds_one(tmp_path):
+    history = {"path": str(tmp_path / "history.json"), "flush_interval_s": 3600}
+    pipeline, _ = _pipeline(history=history)
+
+    async def serve(text, max_tokens=1000):
+        served = await pipeline.serve(_body(text, max_tokens=max_tokens), "chat", Overrides())
+        served.answer.json()
+        return served.request
+
+    async def run():
+        first, again = await serve("hi"), await serve("hi")
+        capped, other = await serve("hi", max_tokens=3), await serve("ho")
+        out = await pipeline.rollout(RolloutRequest(model="m", prompts=["hi"], n=2, max_tokens=1000))
+        partial = await pipeline.rollout(RolloutRequest(model="m", prompts=["hi"], max_tokens=1000, budget_tokens=2))
+        await pipeline.history.flush()
+        return first, again, capped, other, out, partial
+
+    first, again, capped, other, out, partial = asyncio.run(run())
+    assert first.history is None and first.prompt_key == again.prompt_key != other.prompt_key
+    assert (again.history.mean_tokens, again.history.count) == (5.0, 1)  # the fake answers 5 tokens
+    assert capped.history.count == 2 and capped.natural_length() == (3, True)
+    assert [(s["estimate_source"], s["estimated_tokens"]) for s in out["samples"]] == [("history", 5.0)] * 2
+    assert partial["samples"][0]["status"] == "partial"
+    restarted, _ = _pipeline(history=history)  # a restarted router replica reads what this one wrote
+    # 5, 5, 3 (censored), 5, 5: the partial sample's 2 waits for its continuation
+    assert restarted.history.lookup(first.prompt_key).count == 5
+    assert pipeline.history.status()["prompts"] == 2

@@ -7,9 +7,9 @@ import pytest
 from ray.serve import context as serve_context
 
 from router.api.validation import parse_request
-from router.scheduling.request import Request
+from router.scheduling.request import CUT, Request
 from router.serving.errors import APIError
-from router.serving.pool_client import PoolClient, ReplicaFailed
+from router.serving.pool_client import Output, PoolClient, ReplicaFailed
 from router.serving.replica_ledger import ReplicaLedger
 from tests.fakes import FakePool, chunks
 
@@ -145,3 +145,36 @@ def test_a_client_that_leaves_mid_stream_frees_its_request():
 def test_the_stream_shape_the_fakes_give_is_vllms():
     items = chunks(2)
     assert items[-1][0].startswith('data: {"id":"x","choices":[],"usage"') and items[-1][0].endswith("[DONE]\n\n")
+
+
+def test_a_sample_cut_mid_stream_keeps_what_it_generated_and_leaves_nothing_in_the_engine():
+    client, fake = _client(replicas=["r1", "r2"], tokens=500, delay_s=0.001)
+    output, done = Output(), []
+
+    async def run():
+        request = Request("cut-1", "x", pinned="r2")
+        body = _body(True)
+        body.return_token_ids = True
+        answer = await client.open(request, "chat", body, done.append)
+        task = asyncio.create_task(answer.collect(output))
+        while len(output.token_ids) < 3:
+            await asyncio.sleep(0.001)
+        during = await client.engine_requests()
+        request.finish_reason = CUT  # what a first-k rollout marks before it cancels
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return request, during, await client.engine_requests()
+
+    request, during, after = asyncio.run(run())
+    assert during == {"r1": 0, "r2": 1} and after == {"r1": 0, "r2": 0} and fake.streams[0].cancelled
+    assert request.error is None and request.completion_tokens == len(output.token_ids) >= 3
+    assert output.prompt_ids == [1, 2, 3] and output.text == "t" * len(output.token_ids) and done == [request]
+    assert all(load.requests == 0 for load in client.ledger.loads())
+
+
+def test_a_replica_that_does_not_answer_its_engine_count_is_unknown_not_zero():
+    client, fake = _client(replicas=["r1"])
+    fake.engine_requests.silent = True
+    assert asyncio.run(client.engine_requests(timeout_s=0.01)) == {"r1": None}
+    assert fake.engine_requests.responses[0].cancelled and all(load.requests == 0 for load in client.ledger.loads())

@@ -2,8 +2,9 @@
 
 Every slot (max_ongoing_requests x replicas) is filled with holders: streams that ignore EOS and
 would run for minutes; they are hung up one at a time to free exactly one slot. Requests sent
-meanwhile wait in the router's queue, are predicted while they wait, and the order in which they
-get a slot (their response headers arrive) is the queue's order.
+meanwhile wait in the router's queue, are predicted while they wait (`X-Predictor-Budget: always`:
+the budget would skip most predictions on two CPU cores) or ranked by their client's hint, and the
+order in which they get a slot (their response headers arrive) is the queue's order.
 """
 
 from __future__ import annotations
@@ -68,10 +69,11 @@ def _short_and_long(stack) -> tuple[str, str]:
 HOLDER = dict(max_tokens=2000, ignore_eos=True, stream=True)
 
 
-async def _queue_scenario(stack, first: str, second: str, gap_s: float) -> tuple[list[str], dict[str, dict]]:
+async def _queue_scenario(stack, first: str, second: str, gap_s: float,
+                          hints: dict[str, str] | None = None) -> tuple[list[str], dict[str, dict]]:
     """Fill every slot, queue `first`, then `second` gap_s after `first` waits, free one slot at a
     time: the labels in the order they were handed a slot, and what each one's headers said of its
-    prediction and wait (for the message of a failing assertion)."""
+    length and wait (for the message of a failing assertion). `hints`: a label's length hint."""
     slots = _slots(stack)
     pool = _health(stack)["pools"][0]
     limits = httpx.Limits(max_connections=slots + 8)
@@ -86,10 +88,14 @@ async def _queue_scenario(stack, first: str, second: str, gap_s: float) -> tuple
             seen: dict[str, dict] = {}
 
             async def waiter(label: str, content: str):
-                async with client.stream("POST", "/v1/chat/completions",
-                                         json=_chat(stack, content, max_tokens=600, stream=True)) as r:
+                hint = (hints or {}).get(label)
+                body = _chat(stack, content, max_tokens=600, stream=True,
+                             **({"metadata": {"expected_output_tokens": hint}} if hint else {}))
+                async with client.stream("POST", "/v1/chat/completions", json=body,
+                                         headers={**stack.client_headers, "X-Predictor-Budget": "always"}) as r:
                     order.append(label)  # it holds a slot now; hanging up gives the slot back
-                    seen[label] = {h: r.headers.get(h) for h in ("x-predicted-tokens", "x-queue-ms", "x-routing-ms")}
+                    seen[label] = {h: r.headers.get(h) for h in ("x-predicted-tokens", "x-length-source", "x-queue-ms",
+                                                                 "x-routing-ms")}
                     assert float(r.headers["x-queue-ms"]) > 0 and r.headers["x-routing-policy"] == "last_work"
 
             async def queue_reaches(what: str, count: int, poll_s: float) -> None:
@@ -140,16 +146,50 @@ def test_an_aged_long_request_is_not_starved(stack):
     assert order == ["first", "second"], seen
 
 
+def test_a_hint_ranks_a_waiting_request_and_spares_its_prediction(stack):
+    """The same long prompt twice: the later one's client says it is short, so it passes the first
+    (whose predicted length gives it seconds of slack under the 20 s aging bound) with no prediction."""
+    _, long = _short_and_long(stack)
+    _wait_idle(stack)
+    before = _health(stack)["predictor_budget"]["decisions"]["skipped_by_signal"]
+    order, seen = asyncio.run(_queue_scenario(stack, first=long, second=long, gap_s=0.0, hints={"second": "1"}))
+    assert order == ["second", "first"], seen
+    assert (seen["second"]["x-length-source"], seen["second"]["x-predicted-tokens"]) == ("hint", "1"), seen
+    assert seen["first"]["x-length-source"] == "head", seen
+    assert _health(stack)["predictor_budget"]["decisions"]["skipped_by_signal"] >= before + 1
+
+
+def test_every_answer_says_which_signal_gave_its_length(client, stack):
+    r = client.chat.completions.with_raw_response.create(
+        model=stack.model, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=64,
+        metadata={"expected_output_tokens": "12"})
+    assert (r.headers["x-length-source"], r.headers["x-predicted-tokens"]) == ("hint", "12")
+    prediction = r.parse().to_dict()["length_prediction"]
+    assert prediction["source"] == "hint" and prediction["quantiles"] == {"p10": None, "p50": 12.0, "p90": None}
+    capped = client.chat.completions.with_raw_response.create(
+        model=stack.model, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=4)
+    assert capped.headers["x-length-source"] == "max_tokens"  # a cap this small is the length
+    length = httpx.post(f"{stack.base_url}/v1/length", timeout=120, json=_chat(
+        stack, "Name a colour.", max_tokens=600, metadata={"expected_output_tokens": 33})).json()
+    assert (length["source"], length["expected_tokens"]) == ("hint", 33.0)
+
+
 def test_health_reports_queues_live_quality_and_the_metrics_port(stack):
     health = _health(stack)
     queue = health["queues"]["default"]
     assert queue["slots"] == _slots(stack) and queue["max_waiting"] == 4 * _slots(stack)
-    assert set(health["live_quality"]) >= {"estp"} and "trusted" in health["live_quality"]["estp"]
+    assert set(health["live_quality"]) >= {"estp", "hint", "history"} and "trusted" in health["live_quality"]["estp"]
+    budget = health["predictor_budget"]
+    assert budget["mode"] == "auto" and budget["share"] == 1.0 and budget["prefill_s_per_token"] > 0  # timed at start
+    assert set(budget["decisions"]) == {"predicted", "skipped_by_budget", "skipped_by_signal"}
     port = health["metrics_port"]
     assert isinstance(port, int) and port > 0
     metrics = _wait_for(lambda: (t := httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text)
                         and "lengthserve_queue_wait_ms" in t and t, "router metrics not exported")
     assert "lengthserve_pool_requests" in metrics
+    assert "lengthserve_predictor_budget_decisions" in _wait_for(
+        lambda: (t := httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text)
+        and "lengthserve_predictor_budget_decisions" in t and t, "budget decisions not exported")
 
 
 def _processes(stack, fragment: str) -> list[psutil.Process]:

@@ -51,7 +51,10 @@ class RunRecord(RequestRecord):
     prediction_failure: str | None = None
     finish_reason: str | None = None
     length_source: str | None = None  # where its rank's length came from (router.scheduling.signals)
-    prediction_decision: str | None = None  # predicted, skipped_by_budget, skipped_by_signal
+    # A waiting request's budget verdict (router.scheduling.budget): predicted, skipped_by_budget,
+    # skipped_by_signal; None for one that never waited.
+    prediction_decision: str | None = None
+    hint_tokens: int | None = None  # the client's hint it carried
 
 
 def _since(t: float | None, t0: float) -> float | None:
@@ -83,7 +86,8 @@ def join(run: str, trace: list[TraceRequest], records: list[RequestRecord], rout
                 decided_by=e["decided_by"], rank_tokens=e["rank_tokens"], on_prior=e["on_prior"],
                 priority=e["priority"], predicted_s=_since(e["predicted_at"], t0), prediction_landed=_landed(e),
                 prediction_failure=e["prediction_failure"], finish_reason=e["finish_reason"],
-                length_source=e.get("length_source"), prediction_decision=e.get("prediction_decision"),
+                length_source=(e.get("estimate") or {}).get("source"),
+                prediction_decision=(e.get("budget") or {}).get("verdict"), hint_tokens=e.get("hint_tokens"),
                 predicted_tokens=None if prediction is None else round(prediction["expected_tokens"]))
         out.append(RunRecord.model_validate(fields))
     return out

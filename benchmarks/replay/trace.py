@@ -67,6 +67,8 @@ class TraceRequest(BaseModel):
             extra["ignore_eos"] = True
         if extra:  # vLLM's own parameters: the openai client sends them as extra body
             fields["extra_body"] = extra
+        if self.hint_tokens is not None:  # OpenAI's metadata values are strings (router.api.protocol)
+            fields["metadata"] = {"expected_output_tokens": str(self.hint_tokens)}
         return {"model": model, "max_tokens": self.max_tokens, "temperature": self.temperature, **fields}
 
 

@@ -48,7 +48,7 @@ async def _api_error(_: Request, exc: APIError):
 @api.exception_handler(RequestValidationError)
 @api.exception_handler(VLLMValidationError)
 async def _invalid_body(_: Request, exc):
-    return error_response(validation_error(exc))
+    return error_response(validation_error(exc, getattr(exc, "body", None)))  # FastAPI's error holds the body
 
 
 _UNPARSEABLE = {UnicodeDecodeError: "Request body is not valid UTF-8.", RecursionError: "Request body is nested too deeply."}
@@ -113,13 +113,20 @@ class Router:
     @api.get(HEALTH)
     async def health(self):
         """Readiness: 200 while every pool and the predictor have a running replica, else 503."""
+        self._pipeline.probe_prefill()  # probes come before traffic: the budget knows the predictor's speed by then
         running = await self._readiness.running()
         ready = all(n > 0 for n in running.values())
         body = {"status": "ok" if ready else "starting", "model": self._model.id, "running_replicas": running,
-                **self._pipeline.status(), "metrics_port": self._node_metrics_port()}
+                **self._pipeline.status(), "engine_requests": await self._pipeline.engine_requests(),
+                "metrics_port": self._node_metrics_port()}
         if self._pipeline.labels is not None:
             body["learner"] = await self._pipeline.labels.status()
         return JSONResponse(body, status_code=200 if ready else 503, headers={} if ready else {"Retry-After": "5"})
+
+    def __del__(self):
+        """Ray Serve's shutdown hook: what the router keeps across restarts is written out."""
+        if (pipeline := getattr(self, "_pipeline", None)) is not None:
+            pipeline.close()
 
     @api.get(LIVENESS)
     async def live(self) -> dict:
@@ -178,7 +185,9 @@ class Router:
 
     @api.post("/v1/length")
     async def length(self, request: Request) -> dict:
-        """Only the prediction, for external schedulers: a chat or a completions body."""
+        """Only the length, as the router would rank the request, and its source (a small `max_tokens`,
+        the client's hint, the prompt's history or the head), for external schedulers: a chat or a
+        completions body."""
         raw = await request.body()
         kind = request_kind(raw)
         body = parse_request(raw, kind)
@@ -186,7 +195,7 @@ class Router:
         overrides = self._overrides(request)
         record = await self._pipeline.length(body, kind, overrides)
         answer = {"object": "length_prediction", "model": self._model.id, "predictor": self._pipeline.predictor.name,
-                  **prediction_json(record.prediction, record.prompt_tokens)}
+                  **prediction_json(record.estimate, record.prompt_tokens)}
         if overrides.policy is not None:  # a benchmark planning its groups: the pool this policy picks now
             answer["routing"] = {"pool": record.pool, "policy": record.decided_by, "fallback": record.fallback,
                                  "rank_tokens": record.rank_tokens}

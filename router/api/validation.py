@@ -12,9 +12,15 @@ one handler (`validation_error`). On top of the schema:
 - no client-supplied chat template unless the deployment trusts them: a template is code the
   router runs (vLLM refuses them the same way unless trusted);
 - no `seed` on CPU engines: vLLM's CPU sampler fails on a seeded request ("CPU Generator does not
-  use offset") and the engine dies with every request it holds.
+  use offset") and the engine dies with every request it holds;
+- a length hint (`metadata.expected_output_tokens`, router.api.protocol) within the context.
 Checks that need the rendered prompt (longer than the context) stay with the engine, which
 answers them as 400.
+
+An error names the field as the client sent it (`messages.0.content`), never the validator's
+inner names: pydantic's locations also hold the union member it tried
+(`ChatCompletionDeveloperMessageParam`), wrappers (`function-after[...]`), the type of a branch
+(`str`, `list[...]`): whatever is not a key or an index of the client's own body is left out.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from vllm.exceptions import VLLMValidationError
 
 from router.api.errors import error_response
-from router.api.protocol import BODIES, Kind
+from router.api.protocol import BODIES, HINT, Kind
 from router.serving.config import RequestLimits
 from router.serving.errors import APIError
 
@@ -70,23 +76,73 @@ class _TooLarge(Exception):
     pass
 
 
-def validation_error(err: RequestValidationError | ValidationError | VLLMValidationError) -> APIError:
-    """The first problem of a body, in OpenAI's format (400), whatever layer found it."""
+def validation_error(err: RequestValidationError | ValidationError | VLLMValidationError, body=None) -> APIError:
+    """The problem of a body, in OpenAI's format (400), whatever layer found it; `body`: the
+    parsed JSON the client sent (None when it was no JSON), which the path is told in."""
     if isinstance(err, VLLMValidationError):  # vLLM's own validators bypass pydantic's error type
         return APIError(400, str(err), param=err.parameter)
-    first = err.errors()[0]
-    kind, loc = first.get("type", ""), [str(p) for p in first.get("loc", ()) if p != "body"]
+    skip = 1 if isinstance(err, RequestValidationError) else 0  # FastAPI's locations start with "body"
+    errors = [{**e, "loc": tuple(e.get("loc", ()))[skip:]} for e in err.errors()]
+    first = errors[0]
+    kind = first.get("type", "")
     if kind == "json_invalid":
         return APIError(400, f"Request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}.")
-    if not loc and kind in ("model_attributes_type", "dict_type", "model_type"):
+    if not first["loc"] and kind in ("model_attributes_type", "dict_type", "model_type"):
         return APIError(400, "Request body must be a JSON object.")
-    where = ".".join(loc)
-    param = loc[0] if loc else None  # OpenAI names the top-level parameter; the message has the path
-    if not loc:
+    meant = _meant(errors, body)
+    paths = [_sent_path(e, body) for e in meant]
+    where = max(paths, key=len)  # the furthest into the client's body: the most specific
+    if not where:
         return APIError(400, f"Invalid request body: {first.get('msg')}")
-    if kind == "missing":
-        return APIError(400, f"Missing required parameter: '{where}'.", param=param)
-    return APIError(400, f"Invalid value for '{where}': {first.get('msg')}", param=param)
+    same = [e for e, path in zip(meant, paths) if path == where]
+    param = ".".join(where)
+    if same[0]["type"] == "missing":
+        return APIError(400, f"Missing required parameter: '{param}'.", param=param)
+    reasons = list(dict.fromkeys(e["msg"] for e in same))  # one per union member that could have fitted
+    return APIError(400, f"Invalid value for '{param}': {'; or '.join(reasons[:3])}", param=param)
+
+
+def _walk(loc: tuple, body) -> list[tuple[str, bool]]:
+    """Each element of a location, and whether it is a key or an index of the client's body (the
+    others are the validator's: union members, wrappers, a branch's type)."""
+    out, node = [], body
+    for part in loc:
+        if isinstance(node, dict) and isinstance(part, str) and part in node:
+            out.append((part, True))
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            out.append((str(part), True))
+            node = node[part]
+        else:
+            out.append((str(part), False))
+    return out
+
+
+def _sent_path(error: dict, body) -> list[str]:
+    """The keys and indices of the client's body an error is at; a missing field's name too. None
+    of them for an error that does not start at a key of the body (a validator that checked a part
+    of it on its own loses where the part was)."""
+    walked = _walk(error["loc"], body)
+    missing = error["type"] == "missing"
+    if not walked or not walked[0][1]:
+        return [walked[0][0]] if missing and len(walked) == 1 else []
+    path = [part for part, sent in walked if sent]
+    if missing and not walked[-1][1]:
+        path.append(walked[-1][0])  # the key the client left out
+    return path
+
+
+def _meant(errors: list[dict], body) -> list[dict]:
+    """The errors of the union members the client meant: a member whose literal tag (a message's
+    `role`, a part's `type`) refused the client's value is not one (all of them, if every member
+    refused it)."""
+    def members(e: dict) -> list[tuple]:
+        walked = _walk(e["loc"], body)
+        return [e["loc"][:i + 1] for i, (_, sent) in enumerate(walked) if not sent]
+
+    refused = {m[-1] for e in errors if e["type"] == "literal_error" and (m := members(e))}
+    meant = [e for e in errors if not refused.intersection(members(e))]
+    return meant or errors
 
 
 def request_kind(raw: bytes) -> Kind:
@@ -94,11 +150,16 @@ def request_kind(raw: bytes) -> Kind:
 
     Unparseable bodies count as chat: parse_request then says what is wrong with them.
     """
-    try:
-        payload = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        return "chat"
+    payload = _parsed(raw)
     return "completions" if isinstance(payload, dict) and "prompt" in payload and "messages" not in payload else "chat"
+
+
+def _parsed(raw: bytes):
+    """The JSON a body holds, or None when it holds none."""
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None
 
 
 def parse_request(raw: bytes, kind: Kind):
@@ -106,7 +167,7 @@ def parse_request(raw: bytes, kind: Kind):
     try:
         return BODIES[kind].model_validate_json(raw)
     except ValidationError as e:
-        raise validation_error(e) from None
+        raise validation_error(e, _parsed(raw)) from None
     except VLLMValidationError as e:
         raise validation_error(e) from None
     except RecursionError:
@@ -127,6 +188,7 @@ def check_request(body, kind: Kind, served_model: str, max_model_len: int, limit
     else:
         _check_prompt(body.prompt, limits, vocab_size)
     _check_bounds(body, limits, max_model_len)
+    _check_hint(body, max_model_len)
     if body.seed is not None and not seeded_sampling:
         raise APIError(400, "'seed' is not supported by this server's CPU engines (vLLM's CPU sampler "
                        "cannot seed a request); send the request without it.", param="seed")
@@ -184,3 +246,12 @@ def _check_bounds(body, limits: RequestLimits, max_model_len: int) -> None:
         if value > max_model_len:
             raise APIError(400, f"'{name}' = {value} exceeds the model's context of {max_model_len} tokens.",
                            param=name)
+
+
+def _check_hint(body, max_model_len: int) -> None:
+    """A length hint no answer can have is the client's mistake, said as one (the schema already
+    refused one that is no whole number, or below 1)."""
+    hint = body.metadata.expected_output_tokens if body.metadata is not None else None
+    if hint is not None and hint > max_model_len:
+        raise APIError(400, f"'metadata.{HINT}' = {hint} exceeds the model's context of {max_model_len} tokens.",
+                       param=f"metadata.{HINT}")

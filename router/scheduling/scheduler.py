@@ -9,15 +9,19 @@ on a modelled clock. Per request:
 - `admit`: dispatch at once while the pool has a free slot, else wait in the pool's queue
   (router.scheduling.admission: shortest-predicted-first with aging), or be refused when it is full;
 - `landed`: a prediction that lands while the request waits re-ranks it;
+- `worth_predicting`: whether a waiting request's rank is worth its prediction (the predictor
+  budget, router.scheduling.budget);
 - `release`: a request done with its slot hands it to the next waiting one.
 
-The rank is the request's work in tokens (`Request.work_tokens`): from the told length for the
-oracle and the ceiling, from the prediction for the predicted policies, and from the prior (a
-typical length) while a prediction is missing, bounded by what the request itself fixes (a
-request with max_tokens 4 is short with no prediction at all). Length-blind policies rank nothing
-(None): their requests wait in arrival order. `rank_by` picks which statistic of the predicted
-distribution stands for a request: the mean, or a quantile (p90 is tail-aware: a request that
-might run long waits behind ones that surely will not).
+The rank is the request's work in tokens (`Request.work_tokens`) from its estimate, the cheapest
+present and trusted signal (router.scheduling.signals: the told length for the oracle and the
+ceiling, `max_tokens` where it is the length, the client's hint, the prompt's history, the
+prediction), and from the prior (a typical length) while it has none, bounded by what the request
+itself fixes. Length-blind policies rank nothing (None): their requests wait in arrival order; a
+request whose policy ranks but that the fallback decided (its head failed or is distrusted) ranks
+by a cheap signal when it has one, else in arrival order. `rank_by` picks which statistic of the
+estimate stands for a request: the mean, or a quantile (p90 is tail-aware: a request that might
+run long waits behind ones that surely will not).
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from router.scheduling.admission import Admission, AdmissionQueue, QueueOrder
+from router.scheduling.budget import Mode, PredictorBudget
 from router.scheduling.policies import POLICIES, PolicyChain, PolicyContext
 from router.scheduling.pools import Pools
-from router.scheduling.request import Prediction, Request, Statistic
+from router.scheduling.request import BudgetDecision, Prediction, Request, Statistic
+from router.scheduling.signals import Signals
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ class Ranking:
     shortest_first: bool = True  # false: every policy waits in arrival order
     rank_by: Statistic = "mean"
     prior_tokens: float = 256.0  # the rank of a request whose length is not known (yet)
+    short_cap_tokens: float = 0.0  # a max_tokens at or below this is the request's length (signals)
 
 
 class Scheduler:
@@ -47,12 +54,16 @@ class Scheduler:
         self, pools: Pools, slots: dict[str, int | None], policies: Iterable[str], fallback: str, *,
         ranking: Ranking = Ranking(), order: QueueOrder = QueueOrder(), waiting_per_slot: float | None = None,
         spillover: bool = True, replicas: dict[str, int] | None = None, input_edges: Iterable[int] = (),
-        rng: random.Random | None = None,
+        rng: random.Random | None = None, budget: PredictorBudget | None = None,
     ):
         """`slots`: each pool's in-flight limit (max_ongoing_requests x replicas; None: unlimited);
-        `waiting_per_slot`: each pool's queue bound as a multiple of its slots (None: unbounded)."""
+        `waiting_per_slot`: each pool's queue bound as a multiple of its slots (None: unbounded);
+        `budget`: the predictor budget (None: every waiting request is worth its prediction)."""
         self.pools = pools
         self.ranking = ranking
+        self.signals = Signals(pools, ranking.short_cap_tokens)
+        self.distrusted: set[str] = set()  # sources and heads live quality keeps out of the estimate
+        self.budget = budget or PredictorBudget(mode="always")
         self.queues: dict[str, AdmissionQueue] = {}
         for name in pools.names:
             n = slots.get(name)
@@ -103,18 +114,38 @@ class Scheduler:
             request.pool = self.spill(pool) if spill and self._spillover else pool
         self.rank(request)
 
+    def trust(self, source: str, trusted: bool) -> None:
+        """Live quality's verdict on a source or a head (router.serving.live_quality)."""
+        (self.distrusted.discard if trusted else self.distrusted.add)(source)
+
+    def estimate(self, request: Request) -> Prediction | None:
+        """The request's length from the cheapest present and trusted signal (router.scheduling.signals),
+        as its deciding policy (else the one asked) reads them."""
+        policy = POLICIES[request.decided_by or request.policy]
+        return self.signals.estimate(request, policy.told_length, policy.head is not None, self.distrusted)
+
     def rank(self, request: Request) -> None:
-        """The request's work in tokens as its deciding policy sees it now (None: length-blind)."""
-        policy = POLICIES[request.decided_by]
+        """The request's estimate and its work in tokens as it waits now (None: length-blind)."""
+        request.estimate = self.estimate(request)
         request.rank_tokens, request.on_prior = None, False
-        if not (self.ranking.shortest_first and policy.ranks_queue):
+        if not (self.ranking.shortest_first and POLICIES[request.policy].ranks_queue):
             return
-        if policy.told_length and request.told_tokens is not None:
-            request.rank_tokens = request.work_tokens(request.told_tokens)
-        elif request.prediction is not None:
-            request.rank_tokens = request.work_tokens(request.prediction.tokens(self.ranking.rank_by))
-        else:
+        if request.estimate is not None:
+            request.rank_tokens = request.work_tokens(request.estimate.tokens(self.ranking.rank_by))
+        elif POLICIES[request.decided_by].ranks_queue:
             request.rank_tokens, request.on_prior = request.work_tokens(self.ranking.prior_tokens), True
+
+    def worth_predicting(self, request: Request, concordance: float | None,
+                         mode: Mode | None = None) -> BudgetDecision:
+        """Whether a waiting request's rank is worth its prediction: not when a cheap signal ranks it
+        already, else as the predictor budget prices it against its queue and the requests decoding.
+        `concordance`: its head's live rank concordance (None: not scored yet); `mode`: the
+        request's own budget mode, over the configured one."""
+        if request.estimate is not None and request.estimate.source != "head":
+            return BudgetDecision("skipped_by_signal")
+        queue = self.queues[request.pool]
+        decoding = sum(q.inflight for q in self.queues.values())
+        return self.budget.decide(request, max(0, len(queue) - 1), queue.slots or 1, decoding, concordance, mode)
 
     def admit(self, request: Request, now: float) -> Admission:
         """Dispatch now (the request holds a slot), wait (QUEUED), or FULL (refuse it)."""

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from predictor.checkpoint import read_meta
 from predictor.head import LengthBins
 from router.scheduling.admission import QueueOrder
+from router.scheduling.budget import LengthSpread, Mode, PredictorBudget
 from router.scheduling.policies import DEFAULT_HEAD, FALLBACKS, HEADS, POLICIES, head_of
 from router.scheduling.pools import Pools
 from router.scheduling.replica_choice import Choice
@@ -130,6 +131,11 @@ class PredictorSpec(_Strict):
         None, gt=0, description="predictions in flight from one router replica; null: one full batch per "
         "predictor replica, so the predictor never falls behind",
     )
+    budget: Mode = Field(
+        "auto", description="auto: predict a waiting request only when ranking it is expected to save more than "
+        "its prefill takes from the engines (router.scheduling.budget; on its own GPU share, gpus > 0, every one); "
+        "always: every waiting request; never: none, the cheap signals alone rank",
+    )
     deployment: dict[str, Any] = Field(
         default_factory=lambda: {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.2}},
         description="Ray Serve deployment options of the predictor",
@@ -148,6 +154,13 @@ class PredictorSpec(_Strict):
         if unknown:
             raise ValueError(f"unknown heads {unknown}; known: {sorted(HEADS)}")
         return heads
+
+    def predictor_budget(self, lengths: LengthBins | None, quality: "LiveQualitySpec") -> PredictorBudget:
+        """The budget this predictor runs under: a prefill on a GPU share of its own takes nothing
+        from the engines; `lengths` (the default head's training lengths) spread the gain."""
+        quantiles = () if lengths is None else tuple(lengths.training_quantile((i + 0.5) / 40) for i in range(40))
+        return PredictorBudget(self.budget, share=0.0 if self.gpus else 1.0, read_tokens=self.truncate_prompt_tokens,
+                               spread=LengthSpread(quantiles), unscored_concordance=quality.floor + quality.margin)
 
     def concurrency(self) -> int:
         replicas = self.deployment.get("num_replicas", 1)
@@ -192,7 +205,8 @@ class OnlineSpec(_Strict):
     capacity: int = Field(4096, gt=0, description="requests in the learner's stratified reservoir")
     dispatched_share: float = Field(
         0.25, ge=0, le=1, description="share of the requests dispatched at once that are predicted anyway (off their "
-        "path) for their features and live scoring; every waiting request is predicted regardless",
+        "path) for their features and live scoring; waiting ones are predicted as the predictor budget allows, "
+        "and this share of those it skips",
     )
     min_samples: int = Field(100, gt=0, description="no refit before this many labelled requests")
     min_new_labels: int = Field(100, ge=0, description="labels new since the last refit before the next")
@@ -247,6 +261,18 @@ class RequestLimits(_Strict):
     )
 
 
+class HistorySpec(_Strict):
+    """Each prompt's own past lengths (router.serving.history): RL re-sends its prompts every epoch."""
+
+    path: str | None = Field(
+        None, description="the history file (relative to the repo), kept across restarts; router replicas on one "
+        "machine share it safely; null: no history",
+    )
+    max_prompts: int = Field(65536, gt=0, description="prompts remembered; beyond, the longest unseen are forgotten")
+    lengths_per_prompt: int = Field(16, gt=0, description="a prompt's most recent lengths kept")
+    flush_interval_s: float = Field(30.0, gt=0, description="seconds between writes of new lengths to the file")
+
+
 class AuthSpec(_Strict):
     """API keys come from the environment (router.api.auth), never from this file."""
 
@@ -292,6 +318,7 @@ class RouterSpec(_Strict):
     request_timeout_s: float = Field(600.0, gt=0)
     render_timeout_s: float = Field(2.0, gt=0, description="rendering a prompt (chat template, tokenizer) longer: 400")
     limits: RequestLimits = Field(default_factory=RequestLimits)
+    history: HistorySpec = Field(default_factory=HistorySpec)
     auth: AuthSpec = Field(default_factory=AuthSpec)
     max_pending_requests: int = Field(
         448, gt=0, description="requests the router holds before they reach a pool (rendering, predicting, "
@@ -377,11 +404,14 @@ def build_scheduler(config: StackConfig, plan: RoutingPlan, policies: Iterable[s
     """The scheduling core as the stack runs it; `slots` (per pool) stand in for the configured
     ones where a caller simulates another cluster size."""
     router = config.router
+    lengths = next(iter(plan.heads.values()), None)  # the default head's training lengths
+    short_cap = lengths.training_quantile(0.1) if lengths is not None else 0.0
     return Scheduler(
         plan.pools, slots or {pool.name: pool.saturation() for pool in config.pools}, policies,
         router.fallback_policy,
-        ranking=Ranking(router.shortest_first, router.rank_by, plan.prior_tokens),
+        ranking=Ranking(router.shortest_first, router.rank_by, plan.prior_tokens, short_cap),
         order=router.queue.order(plan.prior_tokens), waiting_per_slot=router.queue.max_waiting_per_slot,
         spillover=router.spillover, replicas={pool.name: pool.replicas() for pool in config.pools},
         input_edges=router.input_edges or (), rng=rng,
+        budget=None if config.predictor is None else config.predictor.predictor_budget(lengths, router.live_quality),
     )

@@ -1,13 +1,16 @@
 """How good the predictions are on live traffic, and whether the router should still trust them.
 
 A checkpoint's validation MAE says nothing about what users ask today. So every completed
-request with a prediction is scored against its real length over a sliding window: signed error
+request is scored against its real length for each signal it had, one LiveQuality per source (each
+head, the clients' hints, the prompts' history: router.scheduling.signals): signed error
 (bias), MAE, pool accuracy, and rank concordance, the share of request pairs the prediction
 orders the same way as their real lengths (0.5: a coin toss). Concordance is what a shortest-
 first queue lives on, so it is what the trust switch reads: when it stays below `floor` over a
-full window the router routes length-blind (its fallback policy), logs it and says so on
-/health; when it recovers to `floor + margin` the predictions are trusted again. The hysteresis
-keeps a window hovering at the floor from flapping.
+full window the router stops using that source (a head's policy routes length-blind, by its
+fallback; a distrusted hint or history no longer ranks), logs it and says so on /health; when it
+recovers to `floor + margin` the source is trusted again. The hysteresis keeps a window hovering
+at the floor from flapping. The predictor budget (router.scheduling.budget) reads a head's
+concordance too, once it is `settled`: what ranking by the head is worth.
 
 Concordance is kept incrementally: each new sample is compared with the window's others (O(window)),
 and a sample leaving takes its pairs with it, so scoring costs no O(window^2) pass per request.
@@ -67,9 +70,14 @@ class LiveQuality:
     def concordance(self) -> float | None:
         return self._credit / self._pairs if self._pairs else None
 
+    @property
+    def settled(self) -> bool:
+        """Scored on enough requests (`min_samples`) for its concordance to count."""
+        return len(self._samples) >= self.min_samples
+
     def _update_trust(self) -> bool:
         c = self.concordance()
-        if c is None or len(self._samples) < self.min_samples:
+        if c is None or not self.settled:
             return False
         was = self.trusted
         if self.trusted and c < self.floor:

@@ -9,11 +9,13 @@ turns the result into a response. Each stage fills the request's one record (rou
    live quality distrusts the policy's head (router.serving.live_quality), its fallback decides;
 4. admit: a free slot dispatches at once, else the request waits in the pool's queue
    (router.serving.gate), or gets 429 with Retry-After when the queue is full. A work policy's
-   prediction runs while its request waits and re-ranks it when it lands; with
+   prediction runs while its request waits and re-ranks it when it lands, unless a cheaper signal
+   ranks it already or the predictor budget finds it cannot pay (router.scheduling.budget); with
    `predictor.predict: all` requests dispatched at once are predicted too, off their path;
 5. dispatch: to the pool's replicas through the one pool client (router.serving.pool_client);
-6. complete: the slot goes to the next waiting request, the prediction is scored against the
-   real length (which may switch the router length-blind), and the record is logged.
+6. complete: the slot goes to the next waiting request, each signal (the head's prediction, the
+   client's hint, the history) is scored against the real length (which may stop the router
+   trusting that source), and the record is logged.
 """
 
 from __future__ import annotations
@@ -29,11 +31,16 @@ from dataclasses import dataclass
 from ray.serve.handle import DeploymentHandle
 from vllm.entrypoints.generate.base.protocol import StreamOptions
 
+from router.scheduling.budget import Mode
 from router.scheduling.policies import POLICIES, head_of
 from router.scheduling.request import Request
-from router.serving.config import RoutingPlan, StackConfig, build_scheduler
+from router.scheduling.rollout_plans import outcome as ended_as
+from router.scheduling.signals import SCORED
+from router.serving.config import REPO_ROOT, RoutingPlan, StackConfig, build_scheduler
+from router.serving.continuation import Continuations
 from router.serving.errors import APIError
 from router.serving.gate import Gate, QueueFull
+from router.serving.history import LengthHistory
 from router.serving.live_quality import LiveQuality
 from router.serving.pool_client import Answer, PoolClient, once
 from router.serving.predictor_client import Outcome, PredictorClient
@@ -41,9 +48,10 @@ from router.serving.render import UnsupportedPrompt, prompt_ids
 from router.serving.replica_ledger import ledger
 from router.serving.request_log import RequestLog
 from router.serving.rollout import RolloutRequest, RolloutRunner
-from router.serving.telemetry import QualityMetrics, QueueMetrics, RoutingMetrics
+from router.serving.telemetry import BudgetMetrics, QualityMetrics, QueueMetrics, RoutingMetrics
 
 log = logging.getLogger("ray.serve")
+PREFILL_PROBE_S = 5.0  # how often the router asks a predictor that is not up yet for its measured prefill
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,7 @@ class Overrides:
     # scored and learned from as the client's own, as if the model had chosen that length. Two
     # policies then meet the same workload: unseeded answers of one trace differ by 20% in tokens.
     fixed_tokens: int | None = None
+    budget: Mode | None = None  # predictor.budget for this request (X-Predictor-Budget)
 
 
 @dataclass
@@ -71,6 +80,12 @@ class Served:
 
 def _max_tokens(body) -> int | None:
     return getattr(body, "max_completion_tokens", None) or body.max_tokens
+
+
+def _hint_tokens(body) -> int | None:
+    """The client's own word on its length (`metadata.expected_output_tokens`, router.api.protocol)."""
+    metadata = getattr(body, "metadata", None)
+    return None if metadata is None else metadata.expected_output_tokens
 
 
 def _fix_length(body, tokens: int) -> None:
@@ -103,10 +118,13 @@ class Pipeline:
             plan.heads, plan.pools, spec.concurrency() if spec else 0,
         )
         self._predict_all = spec is not None and spec.predict == "all"
+        # Each source is scored and trusted on its own: every head, the clients' hints, the history.
         # A cold start's learned head earns trust like a distrusted one: on shadow predictions.
         cold = spec is not None and spec.cold
-        self.quality = {head: LiveQuality(**router.live_quality.model_dump(), trusted=not (cold and i == 0))
-                        for i, head in enumerate(plan.heads)}
+        self.quality = {name: LiveQuality(**router.live_quality.model_dump(), trusted=not (cold and i == 0))
+                        for i, name in enumerate([*plan.heads, *SCORED])}
+        for name, quality in self.quality.items():
+            self.scheduler.trust(name, quality.trusted)
         self.labels = LabelSender(learner) if learner is not None else None
         # Beside a request dispatched at once, a prediction only for its features and its live
         # score: every one while the head is distrusted and nothing learns, else a share.
@@ -116,10 +134,17 @@ class Pipeline:
         self.metrics = RoutingMetrics(self.policy)
         self.queue_metrics = QueueMetrics()
         self.quality_metrics = QualityMetrics()
+        self.budget_metrics = BudgetMetrics()
+        self._prefill_probe: asyncio.Task | None = None
         self.request_log = RequestLog(router.request_log) if router.request_log else None
+        history = router.history
+        self.history = LengthHistory(REPO_ROOT / history.path, config.model.id, history.max_prompts,
+                                     history.lengths_per_prompt, history.flush_interval_s) if history.path else None
+        continuations = Continuations.from_env()  # one key: a partial sample continues on any pool
         self.rollouts = {
             pool.name: RolloutRunner(self.pools[pool.name], self.gate, self.predictor, self.render,
-                                     router.limits.max_rollout_samples, pool.deployment.get("max_ongoing_requests"))
+                                     router.limits.max_rollout_samples, pool.deployment.get("max_ongoing_requests"),
+                                     continuations, self.history, self.learn)
             for pool in config.pools
         }
 
@@ -135,7 +160,7 @@ class Pipeline:
             client_id=client_id,
             max_tokens=cap, min_tokens=getattr(body, "min_tokens", 0) or 0,
             ignore_eos=bool(getattr(body, "ignore_eos", False)), told_tokens=overrides.told_tokens,
-            target_pool=overrides.pool,
+            target_pool=overrides.pool, hint_tokens=_hint_tokens(body),
         )
 
     async def render(self, request: Request, body, kind: str) -> tuple[list[int] | None, str]:
@@ -154,6 +179,9 @@ class Pipeline:
             raise APIError(400, f"Rendering the prompt took longer than {limit} s.", param="messages") from None
         request.prompt_tokens = max(len(i) for i in ids)
         request.outputs = (getattr(body, "n", None) or 1) * len(ids)
+        if self.history is not None and len(ids) == 1:  # a prompt seen before has its own past lengths
+            request.prompt_key = self.history.key(ids[0])
+            request.history = self.history.lookup(request.prompt_key)
         return max(ids, key=len), ""
 
     async def predict(self, request: Request, ids: list[int] | None, beside: bool = False) -> Outcome:
@@ -173,8 +201,30 @@ class Pipeline:
             request.prediction_failure = request.prediction_failure or outcome.failure
             return outcome
         self.metrics.predictor_latency(self.predictor.name, outcome.latency_s)
+        self.scheduler.budget.prefill.observe(outcome.prefill_s, outcome.prefill_tokens)
         self.scheduler.landed(request, outcome.prediction, time.time())
         return outcome
+
+    def probe_prefill(self) -> None:
+        """Until the budget knows what a prefill costs, ask the predictor what it measured at its
+        start (in the background), so that the first burst is priced before any prediction of it
+        lands. Readiness probes and the first request call it."""
+        if (self.config.predictor is not None and self.scheduler.budget.prefill.per_token is None
+                and (self._prefill_probe is None or self._prefill_probe.done())):
+            self._prefill_probe = asyncio.get_running_loop().create_task(self._measured_prefill())
+
+    async def _measured_prefill(self) -> None:
+        while (measured := await self.predictor.measured_prefill()) is None:
+            await asyncio.sleep(PREFILL_PROBE_S)
+        self.scheduler.budget.prefill.observe(*measured)
+
+    def _worth_predicting(self, request: Request, mode: Mode | None) -> bool:
+        """The predictor budget's verdict on a waiting request, kept on its record and counted."""
+        quality = self.quality.get(head_of(request.policy))
+        concordance = quality.concordance() if quality is not None and quality.settled else None
+        request.budget = self.scheduler.worth_predicting(request, concordance, mode)
+        self.budget_metrics.decided(request.budget.verdict)
+        return request.budget.verdict == "predicted"
 
     def trusted(self, policy: str) -> bool:
         head = head_of(policy)
@@ -236,29 +286,44 @@ class Pipeline:
         """The slot goes to the next waiting request, the prediction is scored, the record logged."""
         request.finished_at = request.finished_at or time.time()
         self.gate.leave(request)
+        self.scheduler.budget.served(request)
         self.metrics.inflight(request.pool, self.scheduler.inflight(request.pool))
         self.queue_metrics.waiting(request.pool, len(self.scheduler.queues[request.pool]))
         self._score(request)
-        # Only a request the predictor saw has features to join: other labels would wait for
-        # features that never come.
-        if self.labels is not None and request.sent_to_predictor and (label := request.natural_length()) is not None:
-            self.labels.add(request.id, *label)
+        self.learn(request)
         if self.request_log is not None:
             self.request_log.write(request)
 
+    def learn(self, request: Request) -> None:
+        """A finished request's length (`Request.natural_length`: censored where its cap, a budget or
+        a first-k cut stopped it) to the learner and to its prompt's history. A partial rollout
+        sample's goes to the history when its continuation ends, whole and once."""
+        label = request.natural_length()
+        if label is None:
+            return
+        # Only a request the predictor saw has features to join: other labels would wait for
+        # features that never come.
+        if self.labels is not None and request.sent_to_predictor:
+            self.labels.add(request.id, *label)
+        if self.history is not None and request.prompt_key is not None and ended_as(request) != "partial":
+            self.history.record(request.prompt_key, *label)
+
     def _score(self, request: Request) -> None:
-        prediction = request.prediction
-        if prediction is None or request.outputs != 1 or request.completion_tokens is None or request.error:
+        """Every signal the request had against its real length, each in its source's live quality."""
+        actual = request.completion_tokens
+        if request.outputs != 1 or actual is None or request.error:
             return
-        self.metrics.completed(request.pool, self.predictor.name, prediction.expected_tokens, request.completion_tokens)
-        quality = self.quality.get(prediction.head)
-        if quality is None:
-            return
-        hit = prediction.pool == self.plan.pools.pool_of(request.completion_tokens)
-        if quality.observe(prediction.expected_tokens, request.completion_tokens, hit):
-            state = "trusted again" if quality.trusted else "below its floor: routing length-blind"
-            log.warning("live prediction quality of %s %s: %s", prediction.head, state, quality.report())
-        self.quality_metrics.update(prediction.head, quality.report())
+        if request.prediction is not None:
+            self.metrics.completed(request.pool, self.predictor.name, request.prediction.expected_tokens, actual)
+        for name, signal in self.scheduler.signals.scored(request):
+            quality = self.quality.get(name)
+            if quality is None:
+                continue
+            if quality.observe(signal.expected_tokens, actual, signal.pool == self.plan.pools.pool_of(actual)):
+                self.scheduler.trust(name, quality.trusted)
+                state = "trusted again" if quality.trusted else "below its floor: no longer ranks or routes"
+                log.warning("live quality of %s %s: %s", name, state, quality.report())
+            self.quality_metrics.update(name, quality.report())
 
     # -- the whole way --------------------------------------------------------------------------
 
@@ -267,6 +332,7 @@ class Pipeline:
             raise APIError(503, "The router is at its limit of requests waiting for a pool; retry later.",
                            code="router_overloaded", headers={"Retry-After": "2"})
         self.pending += 1
+        self.probe_prefill()
         try:
             return await self._serve(self.new_request(body, overrides, client_id), body, kind, overrides)
         finally:
@@ -286,7 +352,9 @@ class Pipeline:
         sampled = (not trusted or self.labels is not None) and self._rng.random() < self._beside_share
         beside = None
         if policy.head is not None and request.prediction is None and ids is not None:
-            if (request.queued and policy.family == "work") or predict_all or sampled:
+            ranks = request.queued and policy.family == "work" and trusted and self._worth_predicting(
+                request, overrides.budget)
+            if ranks or predict_all or sampled:
                 beside = asyncio.create_task(self.predict(request, ids, beside=True))
         try:
             await self.wait(request)
@@ -301,16 +369,20 @@ class Pipeline:
         return Served(request, await self.dispatch(request, body, kind))
 
     async def length(self, body, kind: str, overrides: Overrides) -> Request:
-        """Only the prediction (for external schedulers); with a benchmark's policy, also the pool
+        """Only the length (for external schedulers), on `estimate`: the cheapest trusted signal, as
+        a request would be ranked, predicted only where no cheaper one is there (and answered even
+        from a distrusted head: the client asked for it). With a benchmark's policy, also the pool
         that policy picks now (no spillover: a plan made before anything is sent)."""
         request = self.new_request(body, overrides)
         ids, detail = await self.render(request, body, kind)
-        outcome = await self.predict(request, ids)
-        if request.prediction is None:
-            failure = outcome.failure or "no_prediction"
-            raise APIError(503, f"No length prediction ({failure}): {outcome.detail or detail}", code=failure)
+        if self.scheduler.estimate(request) is None:
+            outcome = await self.predict(request, ids)
+            if request.prediction is None:
+                failure = outcome.failure or "no_prediction"
+                raise APIError(503, f"No length prediction ({failure}): {outcome.detail or detail}", code=failure)
         if overrides.policy is not None:
             self.decide(request, spill=False)
+        request.estimate = self.scheduler.estimate(request) or request.prediction
         return request
 
     async def rollout(self, req: RolloutRequest, pool: str | None = None) -> dict:
@@ -330,8 +402,20 @@ class Pipeline:
                                                "predicted_remaining_tokens": round(load.remaining_tokens, 1)}
                                 for load in client.ledger.loads()} for name, client in self.pools.items()},
             "predictor_waiting": self.predictor.waiting,
-            "live_quality": {head: q.report() for head, q in self.quality.items()},
+            "live_quality": {name: q.report() for name, q in self.quality.items()},
+            "predictor_budget": {**self.scheduler.budget.report(), "decisions": self.budget_metrics.counts},
+            "history": None if self.history is None else self.history.status(),
         }
+
+    async def engine_requests(self) -> dict[str, dict[str, int | None]]:
+        """Per pool and replica, the requests its vLLM engine holds now (not the router's view)."""
+        counts = await asyncio.gather(*(client.engine_requests() for client in self.pools.values()))
+        return dict(zip(self.pools, counts))
+
+    def close(self) -> None:
+        """The replica shuts down: the history's last lengths go to its file."""
+        if self.history is not None:
+            self.history.close()
 
 
 class LabelSender:

@@ -10,10 +10,14 @@ The online pipeline (router.serving.pipeline) and rollouts (router.serving.rollo
   reached the client yet; Ray drops the dead replica meanwhile);
 - the first item is checked: `LLMServer.chat/completions` answer an `ErrorResponse` first when
   vLLM rejects the request (a prompt longer than the context), which becomes a proper 4xx;
-- the answer is a JSON body, an SSE relay, or (rollouts) the generated text, and whichever it
-  is, the request's record learns its first token, its progress, its length and why it stopped.
-  Streams are always asked for usage (router.serving.pipeline sets it); the final usage chunk is
-  dropped again when the client did not ask for it.
+- the answer is a JSON body, an SSE relay, or (rollouts) the generated text and token ids, and
+  whichever it is, the request's record learns its first token, its progress, its length and why
+  it stopped. Streams are always asked for usage (router.serving.pipeline sets it); the final
+  usage chunk is dropped again when the client did not ask for it;
+- a stream its caller stops (a client that left, a rollout sample cut by first-k) is cancelled:
+  Ray Serve cancels the replica's task, whose cancellation reaches vLLM's `AsyncLLM.generate`,
+  which aborts the request in the engine (`vllm/v1/engine/async_llm.py`), freeing its slot and
+  KV blocks at once. `engine_requests` asks each replica's engine what it really holds.
 
 `done` (the caller's completion step) runs exactly once: when a JSON answer is in, when a stream
 ends, breaks or loses its client, or when the answer is abandoned before its relay ever started.
@@ -26,7 +30,10 @@ import contextvars
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from ray.serve import context as serve_context
 from ray.serve.handle import DeploymentHandle
@@ -34,7 +41,7 @@ from ray.serve.handle import DeploymentHandle
 # which is no instance of the public one.
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
-from router.scheduling.request import Request
+from router.scheduling.request import CUT, Request
 from router.serving.errors import APIError
 from router.serving.replica_ledger import ReplicaLedger
 
@@ -92,14 +99,41 @@ def _finish_reason(chunk: str) -> str | None:
     return None
 
 
-def _call(method, body, request_id: str):
-    """`method.remote(body)` with Ray's internal request id set to ours for this call only (the
+def _call(method, request_id: str, *args):
+    """`method.remote(*args)` with Ray's internal request id set to ours for this call only (the
     context is copied, so the HTTP request's own context is untouched)."""
     def call():
         serve_context._set_request_context(_internal_request_id=request_id)
-        return method.remote(body, None)
+        return method.remote(*args)
 
     return contextvars.copy_context().run(call)
+
+
+@dataclass
+class Output:
+    """What a rollout sample generated, filled as it streams, so a sample cut mid-way keeps what
+    it had. Token ids come with `return_token_ids` (vLLM's): the output's, and the prompt's as
+    the engine rendered it, which is what a continuation sends back to hit the prefix cache."""
+
+    parts: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    prompt_ids: list[int] | None = None
+    cached_tokens: int | None = None  # prompt tokens the engine's prefix cache served (enable_prompt_tokens_details)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def add(self, payload: dict) -> None:
+        """One chat or completions stream event."""
+        self.prompt_ids = self.prompt_ids or payload.get("prompt_token_ids")
+        choices = payload.get("choices") or []
+        for c in choices:
+            self.parts.append((c.get("delta") or {}).get("content") or c.get("text") or "")
+            self.token_ids += c.get("token_ids") or []
+            self.prompt_ids = self.prompt_ids or c.get("prompt_token_ids")
+        if not choices and payload.get("usage"):
+            self.cached_tokens = (payload["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
 
 
 class Answer:
@@ -135,30 +169,33 @@ class Answer:
             log.exception("pool stream failed mid-way")
             r.error = f"{type(e).__name__}: {e}"
             yield f"data: {json.dumps(APIError(503, f'The model replica failed mid-stream: {type(e).__name__}.').body())}\n\n"
-        finally:  # also when the client goes away mid-stream
+        finally:  # also when the client goes away mid-stream, or its caller cuts it
             self.relayed = True
             if not ended:
                 self._stream.cancel()
-                r.error = r.error or "stream ended early"
+                if r.finish_reason != CUT:
+                    r.error = r.error or "stream ended early"
             r.finished_at = time.time()
             self._done()
         if not ended:
             yield "data: [DONE]\n\n"
 
-    async def text(self) -> str:
-        """The generated text of a one-sequence stream (rollouts); raises on an error event."""
-        parts = []
-        async for chunk in self.sse(keep_usage=False):
+    async def collect(self, output: Output) -> None:
+        """A one-sequence stream (rollouts) into `output` as it comes; raises on an error event.
+        With token ids, the record counts them as they come: a sample cut mid-way has its length."""
+        r = self.request
+        async for chunk in self.sse(keep_usage=True):
             for event in chunk.split("\n\n"):
                 if not event.startswith("data: ") or event == "data: [DONE]":
                     continue
                 payload = json.loads(event[6:])
                 if "error" in payload:
                     raise RuntimeError(payload["error"].get("message"))
-                parts += [(c.get("delta") or {}).get("content") or "" for c in payload.get("choices") or []]
-        if self.request.error is not None:
-            raise RuntimeError(self.request.error)
-        return "".join(parts)
+                output.add(payload)
+            if output.token_ids:
+                r.completion_tokens = len(output.token_ids)
+        if r.error is not None:
+            raise RuntimeError(r.error)
 
     def abandon(self) -> None:
         """Nobody will read this answer (its response was dropped before the relay started)."""
@@ -200,6 +237,7 @@ class PoolClient:
         self.name, self.ledger = name, ledger
         # Configured once: each .options() call creates a new handle with its own state.
         self._handle = handle.options(stream=True)
+        self._unary = handle
         self._attempts, self._backoff_s = attempts, backoff_s
 
     async def open(self, request: Request, kind: str, body, done: Done) -> Answer:
@@ -212,7 +250,7 @@ class PoolClient:
         method = getattr(self._handle, kind)
         try:
             for attempt in range(self._attempts):
-                stream = _call(method, body, request.id)
+                stream = _call(method, request.id, body, None)
                 try:
                     first = await stream.__anext__()
                 except StopAsyncIteration:
@@ -238,3 +276,34 @@ class PoolClient:
     def _finish(self, request: Request, done: Done) -> None:
         self.ledger.drop(request.id)
         done(request)
+
+    async def engine_requests(self, timeout_s: float = 2.0) -> dict[str, int | None]:
+        """Per live replica, the requests its vLLM engine holds now (accepted, neither finished nor
+        aborted: deployments.pool_server), or None where it did not answer in time.
+
+        The engine's own count, not the router's ledger: a request the router let go but the engine
+        still decodes shows here. Each probe asks for its replica as a rollout plan pins one; a
+        replica at its ongoing limit passes the probe on, and the answer names the replica that
+        really answered."""
+        async def ask(replica: str) -> dict | None:
+            probe = Request(id=f"engine-probe-{uuid.uuid4().hex}", policy="probe", pool=self.name, pinned=replica)
+            self.ledger.track(probe)
+            response = _call(self._unary.engine_requests, probe.id, SimpleNamespace(request_id=probe.id))
+            try:
+                async with asyncio.timeout(timeout_s):
+                    return await response
+            except BaseException as e:  # a replica starting, dying or too busy to answer: unknown
+                response.cancel()
+                if not isinstance(e, Exception):
+                    raise
+                log.warning("pool %s: no engine count from %s: %r", self.name, replica, e)
+                return None
+            finally:
+                self.ledger.drop(probe.id)
+
+        replicas = self.ledger.live_replicas()
+        counts: dict[str, int | None] = dict.fromkeys(replicas)
+        for answer in await asyncio.gather(*(ask(r) for r in replicas)):
+            if answer is not None:
+                counts[answer["replica"]] = answer["requests"]
+        return counts

@@ -12,6 +12,11 @@ further behind a burst; requests beyond that wait here, for a prediction they ma
 by the time a slot frees (a request that got a replica meanwhile cancels its wait). A call that
 times out or whose request goes away is cancelled on the predictor too, not abandoned to run
 for nobody.
+
+Each answer also says what its prefill took (`PREFILL`: its share of its batch's seconds and the
+tokens it read), and `measured_prefill` asks for the prefill the predictor timed at its start:
+the predictor budget (router.scheduling.budget) prices a prediction at the speed the machine
+really has, from before the first burst on.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from router.scheduling.pools import Pools
 from router.scheduling.request import Prediction
 
 log = logging.getLogger("ray.serve")
+PREFILL = "prefill"  # an answer's entry beside the heads': {"seconds", "tokens"} of its prefill
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,8 @@ class Outcome:
     failure: str | None = None  # short reason: metric label and X-Routing-Fallback value
     detail: str = ""
     latency_s: float = 0.0  # router-side wait for the answer, queueing for a slot included
+    prefill_s: float = 0.0  # the predictor's compute for this prompt (its share of its batch's)
+    prefill_tokens: int = 0  # the prompt tokens it read
 
 
 class PredictorClient:
@@ -88,7 +96,20 @@ class PredictorClient:
         if head not in answer:
             return Outcome(None, "no_head", f"the predictor serves no {head} head yet", latency)
         prediction = self._pools.describe(head, LengthPrediction(**answer[head]), self.heads[head], cap)
-        return Outcome(prediction, latency_s=latency)
+        prefill = answer.get(PREFILL, {"seconds": 0.0, "tokens": 0})
+        return Outcome(prediction, latency_s=latency, prefill_s=prefill["seconds"], prefill_tokens=prefill["tokens"])
+
+    async def measured_prefill(self, timeout_s: float = 10.0) -> tuple[float, int] | None:
+        """(seconds, tokens) of the prefill the predictor timed at its start; None while it cannot
+        answer (it starts in minutes on a CPU)."""
+        if self._handle is None:
+            return None
+        try:
+            async with asyncio.timeout(timeout_s):
+                answer = await self._handle.measured_prefill.remote()
+        except Exception:  # not up yet, or restarting: the caller asks again later
+            return None
+        return answer["seconds"], answer["tokens"]
 
     async def _ask(self, ids: list[int], request_id: str | None, timeout_s: float) -> tuple[dict | None, str | None, str]:
         response = self._handle.remote(ids, request_id)

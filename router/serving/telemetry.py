@@ -2,14 +2,19 @@
 
 Prediction error is measured on live traffic because the checkpoint's validation MAE says
 nothing about drift in what users ask; fallbacks are counted because a predictor that silently
-times out turns length-aware routing into input-length routing without anyone noticing.
+times out turns length-aware routing into input-length routing without anyone noticing; the
+predictor budget's decisions are counted because a budget that skips every prediction looks,
+from outside, like a router that ranks by nothing.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import get_args
 
 from ray.serve.metrics import Counter, Gauge, Histogram
+
+from router.scheduling.request import Verdict
 
 log = logging.getLogger("ray.serve")
 
@@ -93,8 +98,23 @@ class QueueMetrics:
         self._rejected.inc(1, {"pool": pool})
 
 
+class BudgetMetrics:
+    """What the predictor budget (router.scheduling.budget) decided for the requests that waited:
+    predicted, skipped by the budget, or skipped because a cheap signal ranked them already."""
+
+    def __init__(self):
+        self._decisions = Counter("lengthserve_predictor_budget_decisions", "Waiting requests predicted for their "
+                                  "rank, skipped by the budget, or skipped by a cheaper signal", tag_keys=("decision",))
+        self.counts: dict[Verdict, int] = dict.fromkeys(get_args(Verdict), 0)  # this replica's, for /health
+
+    def decided(self, verdict: Verdict) -> None:
+        self._decisions.inc(1, {"decision": verdict})
+        self.counts[verdict] += 1
+
+
 class QualityMetrics:
-    """Live prediction quality per head (router.serving.live_quality) and whether the router trusts it."""
+    """Live quality per source (router.serving.live_quality): each head (the `head` tag), the
+    client's hints (`hint`) and the prompts' history (`history`), and whether the router trusts it."""
 
     FIELDS = ("mae_tokens", "signed_error_tokens", "pool_accuracy", "concordance")
 
