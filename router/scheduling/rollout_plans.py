@@ -52,6 +52,7 @@ from typing import Literal
 
 from router.scheduling.length_stats import censored_stats
 from router.scheduling.replica_choice import ReplicaLoad, least_work
+from router.scheduling.signals import first_signal
 from router.scheduling.request import CUT, HistoryStats, Request, Source
 
 Schedule = Literal["makespan", "padding", "fifo"]
@@ -60,15 +61,10 @@ PREDICTION_WEIGHT = 2.0  # how many finished siblings a prediction is worth
 
 
 def signal(sample: Request) -> tuple[float, Source] | None:
-    """A sample's whole length as the plans see it, and where it comes from: told (a benchmark's
-    oracle or ceiling), else its prompt's own past lengths, else the head's prediction."""
-    if sample.told_tokens is not None:
-        return float(sample.told_tokens), "told"
-    if sample.history is not None:
-        return sample.history.mean_tokens, "history"
-    if sample.prediction is not None:
-        return sample.prediction.expected_tokens, "head"
-    return None
+    """A sample's whole length as the plans see it, and where it comes from: the router's own chain
+    (router.scheduling.signals: told, a cap that fixes it, the prompt's history, the head)."""
+    found = first_signal(sample)
+    return None if found is None else (found.tokens, found.source)
 
 
 def estimate(sample: Request) -> float | None:

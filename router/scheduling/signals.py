@@ -38,46 +38,68 @@ _Z90 = 1.2816  # the standard normal's 90th percentile
 
 
 @dataclass(frozen=True)
+class Found:
+    """A length and where it comes from; `spread` (a standard deviation) where the source knows
+    one, `prediction` where it is the head's own distribution."""
+
+    source: Source
+    tokens: float
+    spread: float | None = None
+    prediction: Prediction | None = None
+
+
+def first_signal(request: Request, told: bool = True, predicted: bool = True, distrusted: Set[str] = frozenset(),
+                 short_cap_tokens: float = 0.0) -> Found | None:
+    """The chain: the first present and trusted signal of a request (or a rollout's sample). The
+    told length only where the deciding policy reads one (`told`), the head's prediction only where
+    it reads a head (`predicted`). Uncapped: the caller caps at what it sends."""
+    cap = request.max_tokens
+    if told and request.told_tokens is not None:
+        return Found("told", float(request.told_tokens))
+    if cap is not None and (request.floor_tokens() >= cap or cap <= short_cap_tokens):
+        return Found("max_tokens", float(cap), spread=0.0)
+    for found in cheap_signals(request):
+        if found.source not in distrusted:
+            return found
+    prediction = request.prediction
+    if predicted and prediction is not None and prediction.head not in distrusted:
+        return Found("head", prediction.expected_tokens, prediction=prediction)
+    return None
+
+
+def cheap_signals(request: Request) -> list[Found]:
+    """The hint and the history, where the request has them, in the chain's order."""
+    found = []
+    if request.hint_tokens is not None:
+        found.append(Found("hint", float(request.hint_tokens)))
+    if (history := request.history) is not None:
+        found.append(Found("history", history.mean_tokens, history.spread_tokens if history.count > 1 else None))
+    return found
+
+
+@dataclass(frozen=True)
 class Signals:
     pools: Pools
     short_cap_tokens: float = 0.0  # a `max_tokens` at or below this is the request's length
 
     def estimate(self, request: Request, told: bool = False, predicted: bool = True,
                  distrusted: Set[str] = frozenset()) -> Prediction | None:
-        """The first present and trusted signal: the told length only where the deciding policy
-        reads one (`told`), the head's prediction only where it reads a head (`predicted`)."""
-        cap = request.max_tokens
-        if told and request.told_tokens is not None:
-            return self._point("told", request.told_tokens, cap)
-        if cap is not None and (request.floor_tokens() >= cap or cap <= self.short_cap_tokens):
-            return self._point("max_tokens", cap, cap, spread=0.0)
-        for source, signal in self._cheap(request):
-            if source not in distrusted:
-                return signal
-        prediction = request.prediction
-        if predicted and prediction is not None and prediction.head not in distrusted:
-            return prediction
-        return None
+        """The chain's answer for the scheduler, as the estimate clients see: the head's own
+        prediction, or one number described for the pools."""
+        found = first_signal(request, told, predicted, distrusted, self.short_cap_tokens)
+        if found is None or found.prediction is not None:
+            return None if found is None else found.prediction
+        return self._point(found, request.max_tokens)
 
     def scored(self, request: Request) -> list[tuple[str, Prediction]]:
         """What live quality scores when the request ends, by source (a head by its name), trusted
         or not: a distrusted source wins trust back on them."""
-        signals = self._cheap(request)
+        signals = [(found.source, self._point(found, request.max_tokens)) for found in cheap_signals(request)]
         if request.prediction is not None and request.prediction.head is not None:
             signals.append((request.prediction.head, request.prediction))
         return signals
 
-    def _cheap(self, request: Request) -> list[tuple[Source, Prediction]]:
-        """The hint and the history, where the request has them, in the chain's order."""
-        signals: list[tuple[Source, Prediction]] = []
-        if request.hint_tokens is not None:
-            signals.append(("hint", self._point("hint", request.hint_tokens, request.max_tokens)))
-        if (history := request.history) is not None:
-            spread = history.spread_tokens if history.count > 1 else None
-            signals.append(("history", self._point("history", history.mean_tokens, request.max_tokens, spread)))
-        return signals
-
-    def _point(self, source: Source, tokens: float, cap: int | None, spread: float | None = None) -> Prediction:
+    def _point(self, found: Found, cap: int | None) -> Prediction:
         """One number as an estimate: capped, in the pool it falls in, and its p10 and p90 only
         where a spread is known."""
 
@@ -85,6 +107,7 @@ class Signals:
             x = max(0.0, float(x))
             return round(min(x, cap) if cap else x, 1)
 
-        mid = capped(tokens)
-        low, high = (None, None) if spread is None else (capped(tokens - _Z90 * spread), capped(tokens + _Z90 * spread))
-        return Prediction(None, mid, {"p10": low, "p50": mid, "p90": high}, self.pools.pool_of(mid), None, source)
+        mid, spread = capped(found.tokens), found.spread
+        low, high = (None, None) if spread is None else (capped(found.tokens - _Z90 * spread),
+                                                          capped(found.tokens + _Z90 * spread))
+        return Prediction(None, mid, {"p10": low, "p50": mid, "p90": high}, self.pools.pool_of(mid), None, found.source)
