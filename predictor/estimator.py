@@ -84,7 +84,7 @@ class LengthEstimator:
 
     With `truncate_prompt_tokens`, a longer prompt is predicted from its last N tokens: the
     prefill's cost grows with the prompt, and on a CPU it competes with the engines' decoding
-    (benchmarks/results/predictor_levers.md measures the cost and the accuracy it gives up).
+    (docs/benchmarks.md measures the cost and the accuracy it gives up).
     """
 
     def __init__(self, model: nn.Module, tokenizer, heads: Heads, max_batch_tokens: int = 4096,

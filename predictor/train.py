@@ -80,7 +80,7 @@ RECIPES = {
     # token's final-layer state, an ensemble of 5 seeds (benchmarks/results/predictor_accuracy.md).
     "last_ens5": Recipe(PoolingConfig(method="last"), "crps+smoothl1", fit=FitConfig(members=5)),
     # The same head on layer 4 of 30: the prefill stops there, at about a seventh of its cost
-    # (benchmarks/results/predictor_levers.md), for a CPU where the prefill competes with decoding.
+    # (docs/benchmarks.md, round 3), for a CPU where the prefill competes with decoding.
     "early4_ens5": Recipe(PoolingConfig(method="last"), "crps+smoothl1", fit=FitConfig(members=5), layer=4),
 }
 

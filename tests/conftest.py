@@ -17,17 +17,18 @@ def pytest_collection_modifyitems(items):
 def stack(tmp_path_factory):
     """The default application from ray_config.yaml, served over real HTTP.
 
-    Benchmark headers are on, so the tests can ask for any policy per request; requests without
-    them take exactly the default path (policy last_work). The queue's aging bound is 20 s instead
-    of 300 s, so that a test can watch a long request age past short ones; shorter, a short
-    request's head start would be no longer than a loaded machine takes to carry it to the queue.
-    Prompts' lengths are kept in a history of the stack's own, written every second.
+    Benchmark headers are on, so the tests can ask for any policy per request. The policy is the
+    last-token head's (`last_work`, the GPU profile's) rather than the CPU default's layer-4 head:
+    the queue tests need a head that tells their short and long prompts far apart, and requests
+    without benchmark headers then take the work policies' default path. The queue's aging bound is
+    20 s instead of 300 s, so that a test can watch a long request age past short ones; shorter, a
+    short request's head start would be no longer than a loaded machine takes to carry it to the
+    queue.
     """
     from tests.stack import RunningStack
 
     workdir = tmp_path_factory.mktemp("stack")
-    overrides = {"router": {"benchmark_headers": True, "queue": {"max_overtake_s": 20},
-                            "history": {"path": str(workdir / "length_history.json"), "flush_interval_s": 1}}}
+    overrides = {"router": {"policy": "last_work", "benchmark_headers": True, "queue": {"max_overtake_s": 20}}}
     running = RunningStack(workdir, overrides).start()
     yield running
     running.stop()

@@ -26,7 +26,8 @@ def stack(tmp_path_factory):
     state = tmp_path_factory.mktemp("learner")
     online = {"state_dir": str(state), "dispatched_share": 1.0, "min_samples": MIN_SAMPLES,
               "min_new_labels": MIN_SAMPLES, "min_interval_s": 0}
-    running = RunningStack(tmp_path_factory.mktemp("online"), {"predictor": {"checkpoint": "online", "online": online}})
+    running = RunningStack(tmp_path_factory.mktemp("online"), {"predictor": {"checkpoint": "online", "online": online},
+                                                               "router": {"policy": "last_work"}})  # a final-layer head
     yield running.start()
     running.stop()
 

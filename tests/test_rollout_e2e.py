@@ -1,17 +1,14 @@
 """Rollouts through the default stack: POST /v1/rollout on real vLLM replicas, first-k aborting in the
-engines, a partial sample continued from the prefix cache, the length history across a restart."""
+engines, a partial sample continued from the prefix cache."""
 
 from __future__ import annotations
 
 import threading
 import time
-import uuid
 
 import httpx
 import psutil
 import pytest
-
-from router.scheduling.length_stats import censored_stats
 
 pytestmark = pytest.mark.stack
 
@@ -98,34 +95,6 @@ def test_a_partial_sample_continues_where_it_stopped_from_the_prefix_cache(stack
     assert more["continues"] == 0 and more["resumed_tokens"] == 8 and more["status"] == "done", more
     assert 1 <= more["completion_tokens"] <= 64 - 8 and more["text"]
     assert more["replica"] == first["replica"] and more["cached_prompt_tokens"] >= 128
-
-
-def test_the_length_history_survives_a_router_restart(stack):
-    prompts = [f"Name a fruit ({uuid.uuid4().hex[:6]}).", f"Name a tool ({uuid.uuid4().hex[:6]})."]  # unseen
-    r = _rollout(stack, prompts=prompts, n=2, max_tokens=16)
-    assert r.status_code == 200, r.text
-    lengths = [[(s["completion_tokens"], s["finish_reason"] != "stop") for s in r.json()["samples"]
-                if s["prompt_index"] == p] for p in (0, 1)]
-    deadline = time.time() + 30
-    while _health(stack)["history"]["unwritten"]:  # written every second
-        assert time.time() < deadline
-        time.sleep(0.5)
-    [router] = _engines(stack, ROUTER)
-    router.kill()
-    deadline = time.time() + 300
-    while True:  # Serve starts a new router replica, which reads the file
-        assert time.time() < deadline, "the router did not come back"
-        try:
-            if httpx.get(f"{stack.base_url}/health", timeout=10).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    r = _rollout(stack, prompts=prompts, n=1, max_tokens=16, schedule="makespan")
-    assert r.status_code == 200, r.text
-    for s in r.json()["samples"]:
-        assert s["estimate_source"] == "history"
-        assert s["estimated_tokens"] == pytest.approx(censored_stats(lengths[s["prompt_index"]]).mean_tokens)
 
 
 def test_a_replica_killed_mid_rollout_loses_no_sample(stack):

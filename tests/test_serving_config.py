@@ -25,7 +25,7 @@ def _default_args() -> dict:
 def test_default_config_is_one_pool_behind_the_shortest_first_queue():
     config = StackConfig.model_validate(_default_args())
     assert [p.name for p in config.pools] == ["default"] and config.pools[0].saturation() == 32
-    assert config.router.policy == "last_work" and config.router.fallback_policy == "ray_default"
+    assert config.router.policy == "early_work" and config.router.fallback_policy == "ray_default"
     assert config.router.queue.max_overtake_s == 300 and config.predictor.predict == "waiting"
     assert config.predictor.checkpoint_path("last_work") == DEFAULT_CHECKPOINTS / "last_ens5" / "head"
     assert config.predictor.checkpoint_path("estp_work") == DEFAULT_CHECKPOINTS / "estp" / "head"

@@ -25,6 +25,7 @@ import numpy as np
 from benchmarks.replay.trace import TraceRequest
 
 MAX_TOKENS = 512  # answers cut here are censored labels, which the learner takes as such
+LAST_HEAD = {"router": {"policy": "last_work"}}  # the learner learns final-layer heads: both sides read one
 BLOCK = 100
 
 
@@ -150,10 +151,11 @@ def cold_start(n: int, rate: float, share: float, compare: int | None = None, se
     times = traces.arrival_times(n, "poisson", rate, random.Random(seed))
     trace = [r.model_copy(update={"arrival_s": t, "max_tokens": MAX_TOKENS}) for r, t in zip(prompts, times)]
     with tempfile.TemporaryDirectory() as state:
-        on = run_stack("online_cold_start/learning_on/r0", trace, {"predictor": {"checkpoint": "online", "online": {
-            "state_dir": state, "dispatched_share": share, "min_new_labels": 50, "min_interval_s": 60}}})
+        on = run_stack("online_cold_start/learning_on/r0", trace, {**LAST_HEAD, "predictor": {
+            "checkpoint": "online", "online": {"state_dir": state, "dispatched_share": share, "min_new_labels": 50,
+                                               "min_interval_s": 60}}})
     compared = trace[:compare or n]
-    off = run_stack("online_cold_start/learning_off/r0", compared, {})
+    off = run_stack("online_cold_start/learning_off/r0", compared, LAST_HEAD)
     ids = {r.request_id for r in compared}
     on_side, off_side = serving_figures(on["records"], ids), serving_figures(off["records"], ids)
     versions = [(p["t"], (p["learner"] or {}).get("version")) for p in on["polls"]]

@@ -113,7 +113,7 @@ class PredictorSpec(_Strict):
     )
     truncate_prompt_tokens: int | None = Field(
         256, gt=0, description="predict a longer prompt from its last N tokens (prefill cost against accuracy: "
-        "benchmarks/results/predictor_levers.md); null: the whole prompt",
+        "docs/benchmarks.md); null: the whole prompt",
     )
     max_batch_size: int = Field(8, gt=0, description="concurrent requests predicted in one prefill batch")
     batch_wait_timeout_s: float = Field(0.01, ge=0, description="how long a batch waits to fill")
@@ -280,7 +280,7 @@ class AuthSpec(_Strict):
 
 
 class RouterSpec(_Strict):
-    policy: Literal[tuple(POLICIES)] = Field("last_work", description="how a pool is chosen")
+    policy: Literal[tuple(POLICIES)] = Field("early_work", description="how a pool is chosen")
     fallback_policy: Literal[FALLBACKS] = Field(
         "ray_default", description="used when the predictor fails, times out or cannot read the prompt",
     )
@@ -350,8 +350,10 @@ class StackConfig(_Strict):
             raise ValueError("predictor.checkpoint: online needs predictor.online (the learner)")
         if POLICIES[router.policy].head and self.predictor is None:
             raise ValueError(f"policy {router.policy!r} needs the predictor; it is disabled (predictor: null)")
-        if self.predictor is not None and self.predictor.online is not None and not self.predictor.cold:
-            layer = read_meta(self.predictor.checkpoint_path(router.policy)).feature_layer
+        if self.predictor is not None and self.predictor.online is not None:
+            # A cold start learns the policy's head from nothing, on the features the head reads.
+            head = self.predictor.checkpoint_path(router.policy) or head_checkpoint(head_of(router.policy) or DEFAULT_HEAD)
+            layer = read_meta(head).feature_layer
             if layer != -1:  # the learner fits heads on final-layer features (predictor.online.refit)
                 raise ValueError(f"predictor.online learns final-layer heads; policy {router.policy!r} reads a head "
                                  f"on layer {layer}: use a final-layer policy (e.g. last_work) to learn online")
