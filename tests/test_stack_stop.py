@@ -23,7 +23,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.stack import RunningStack
+from tests.stack import RunningStack, vllm_processes
 
 pytestmark = [pytest.mark.stack, pytest.mark.own_cluster]
 
@@ -47,18 +47,9 @@ def _running(procs: list[psutil.Process]) -> list[psutil.Process]:
     return alive
 
 
-def _engines() -> list[psutil.Process]:
-    """Every vLLM process on the machine (vLLM titles them `VLLM::EngineCore`, `VLLM::Worker`)."""
-    found = []
-    for p in psutil.process_iter(["name", "cmdline"]):
-        if (p.info["name"] or "").startswith("VLLM::") or (p.info["cmdline"] or [""])[0].startswith("VLLM::"):
-            found.append(p)
-    return _running(found)
-
-
 def _left_after(procs: list[psutil.Process], since: float) -> list[psutil.Process]:
     """What still runs of `procs` and of vLLM once STOP_S have passed since `since`, or sooner."""
-    while (left := _running(procs) + _engines()) and time.monotonic() - since < STOP_S:
+    while (left := _running(procs) + vllm_processes()) and time.monotonic() - since < STOP_S:
         time.sleep(0.5)
     return left
 
@@ -108,7 +99,7 @@ def _kill_a_pool_replica(stack: RunningStack) -> None:
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "Ctrl-C"])
 def test_a_stopped_stack_leaves_nothing_running_and_its_memory_free(how, tmp_path, monkeypatch):
-    assert not _engines(), f"vLLM processes from before this test: {_engines()}"
+    assert not vllm_processes(), f"vLLM processes from before this test: {vllm_processes()}"
     before = psutil.virtual_memory().available
     if how == "SIGTERM":
         monkeypatch.setenv("RAY_process_group_cleanup_enabled", "0")
@@ -121,7 +112,7 @@ def test_a_stopped_stack_leaves_nothing_running_and_its_memory_free(how, tmp_pat
         serve_run = psutil.Process(stack.pid)
         tree = [p for p in [serve_run, *serve_run.children(recursive=True)]
                 if how != "SIGKILL" or p.name() not in RAY_AGENTS]
-        assert len(_engines()) >= 2
+        assert len(vllm_processes()) >= 2
         signalled = time.monotonic()
         if how == "Ctrl-C":
             os.killpg(stack.pid, signal.SIGINT)  # what a terminal sends to the foreground process group

@@ -7,6 +7,7 @@ benchmark headers) are merged into the copy the same way.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import signal
@@ -20,8 +21,12 @@ import httpx
 import psutil
 import yaml
 
+log = logging.getLogger(__name__)
+
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = float(os.environ.get("STACK_START_TIMEOUT_S", 900))
+STOP_TIMEOUT_S = 35  # Serve's drain of the router and the pools and Ray's stop take about 24 s here
+ENGINES_GONE_S = 10  # the engines end within seconds of their replica (docs/serving.md)
 BENCHMARK_KEY_ENV = "LENGTHSERVE_BENCHMARK_KEY"  # the key a benchmark client sends (X-Benchmark-Key)
 
 
@@ -123,15 +128,33 @@ class RunningStack:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
     def stop(self) -> None:
-        """SIGTERM as a user's Ctrl-C would; then reap vLLM engine processes that outlive Ray."""
+        """Ctrl-C, as a user stops it: Serve drains, then Ray stops (about 24 s here); SIGKILL past
+        STOP_TIMEOUT_S. The stack ends its own engines (deployments.engine_lifetime); a vLLM process
+        that outlives it is a regression of that, logged as one and then killed, so that the next
+        stack on this machine is not starved of memory by it."""
         if not self._proc or self._proc.poll() is not None:
             return
-        descendants = psutil.Process(self._proc.pid).children(recursive=True)
-        os.killpg(self._proc.pid, signal.SIGTERM)
+        os.killpg(self._proc.pid, signal.SIGINT)
         try:
-            self._proc.wait(timeout=90)
+            self._proc.wait(timeout=STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
+            log.error("serve run did not stop within %d s of Ctrl-C: killed", STOP_TIMEOUT_S)
             os.killpg(self._proc.pid, signal.SIGKILL)
-        _, alive = psutil.wait_procs(descendants, timeout=30)
-        for p in alive:
-            p.kill()
+        deadline = time.time() + ENGINES_GONE_S
+        while (left := vllm_processes()) and time.time() < deadline:
+            time.sleep(1)
+        if left:
+            log.error("vLLM processes outlived the stack: %s; killing them", [p.pid for p in left])
+            for p in left:
+                p.kill()
+
+
+def vllm_processes() -> list[psutil.Process]:
+    """vLLM's engine processes on this machine (it titles them `VLLM::EngineCore`, `VLLM::Worker`)."""
+    found = []
+    for p in psutil.process_iter(["name", "cmdline", "status"]):
+        title = p.info["name"] or ""
+        if (title.startswith("VLLM::") or (p.info["cmdline"] or [""])[0].startswith("VLLM::")) and \
+                p.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(p)
+    return found
