@@ -37,8 +37,9 @@ def test_open_loop_replay_records_every_request(stack, trace, actors):
     for r, req in zip(sorted(records, key=lambda r: r.request_id), trace):
         assert r.request_id == req.request_id and r.policy == "last_work" and r.pool in POOLS
         assert r.routed_policy == "last_work" and 0 < r.completion_tokens <= 12
-        # Six requests never fill the slots: none waits, so none needs (or gets) a prediction.
-        assert r.queued_s == 0 and r.predicted_tokens is None
+        # Six requests never fill the slots: none waits, and none needs a prediction: a cap of 12
+        # tokens, under the head's 10th training percentile, is the length (source max_tokens).
+        assert r.queued_s == 0 and r.predicted_tokens == 12 and r.length_source == "max_tokens"
         assert r.arrival_s <= r.sent_s < r.first_token_s <= r.finish_s
         assert r.sent_s - r.arrival_s < 5  # sent on time: open loop
     assert summarise(records, batch_size=4)["throughput_tok_s"] > 0

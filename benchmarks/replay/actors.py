@@ -123,6 +123,7 @@ class ReplayActor:
                     predicted, queued = h.get("x-predicted-tokens"), h.get("x-queue-ms")
                     record |= dict(pool=h.get("x-pool"), routed_policy=h.get("x-routing-policy"),
                                    predicted_tokens=None if predicted is None else int(predicted),
+                                   length_source=h.get("x-length-source"),
                                    queued_s=None if queued is None else float(queued) / 1000,
                                    fallback=h.get("x-routing-fallback"))
                     async for chunk in stream:

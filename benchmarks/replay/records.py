@@ -28,7 +28,8 @@ class RequestRecord(BaseModel):
     prompt_tokens: int
     completion_tokens: int | None = None
     true_output_tokens: int  # the dataset's length for this prompt (another sample of the same answer)
-    predicted_tokens: int | None = None  # X-Predicted-Tokens of the head the policy read
+    predicted_tokens: int | None = None  # X-Predicted-Tokens: the length it was ranked by
+    length_source: str | None = None  # X-Length-Source: where that length came from (router.scheduling.signals)
     pool: str | None = None  # X-Pool: where it was served (after spillover)
     routed_policy: str | None = None  # X-Routing-Policy: the policy that decided (the fallback's if it did)
     group: int | None = None  # batch mode: the group it was decoded with

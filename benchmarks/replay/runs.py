@@ -50,7 +50,6 @@ class RunRecord(RequestRecord):
     prediction_landed: Landed | None = None
     prediction_failure: str | None = None
     finish_reason: str | None = None
-    length_source: str | None = None  # where its rank's length came from (router.scheduling.signals)
     # A waiting request's budget verdict (router.scheduling.budget): predicted, skipped_by_budget,
     # skipped_by_signal; None for one that never waited.
     prediction_decision: str | None = None
