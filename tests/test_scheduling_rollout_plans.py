@@ -137,3 +137,18 @@ def test_a_continued_sample_keeps_the_replica_that_holds_its_prefix_while_it_has
     assert plan.place(_sample(0, told_tokens=10, pinned="r2"), loads) == "r2"
     assert plan.place(_sample(0, told_tokens=10, pinned="gone"), loads) == "r1"  # least work instead
     assert RolloutPlan([], "fifo").place(_sample(0, pinned="gone"), loads) is None
+
+
+def test_a_first_k_plan_starts_every_prompts_first_k_before_any_extra():
+    """RollPacker's tail batching: the samples past each prompt's k, the likeliest to be cut, start
+    last, so the last prompts' k do not wait behind the first prompts' extras."""
+    samples = [_sample(i, family=i // 3) for i in range(6)]  # two prompts x 3 samples, k = 2
+    enough = FirstK(samples, k=2)
+    assert enough.tail == {"s2", "s5"}
+    plan = RolloutPlan(samples, "fifo", tail=enough.tail)
+    assert [plan.next().id for _ in range(6)] == ["s0", "s1", "s3", "s4", "s2", "s5"]
+    makespan = RolloutPlan([s for s in samples], "makespan", tail=enough.tail)
+    for s, tokens in zip(samples, (10, 20, 90, 30, 40, 80)):
+        s.told_tokens = tokens
+    assert [makespan.next().id for _ in range(6)] == ["s4", "s3", "s1", "s0", "s2", "s5"]
+    assert FirstK(samples, share=0.5).tail == frozenset() and FirstK(samples).tail == frozenset()

@@ -291,8 +291,8 @@ def simulate_rollout(workload: Workload, schedule: str, spec: ClusterSpec, limit
             loop.kick(r, now)
         out = loop.outcome()
         return replace(out, groups=_groups_of(requests, index))
-    plan = RolloutPlan(requests, schedule, siblings)
     enough = FirstK(requests, k)
+    plan = RolloutPlan(requests, schedule, siblings, tail=enough.tail)
 
     def fill(now: float) -> set[int]:
         touched = set()

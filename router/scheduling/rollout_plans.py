@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Sequence, Set
 from typing import Literal
 
 from router.scheduling.length_stats import censored_stats
@@ -136,11 +136,15 @@ class RolloutPlan:
     """The order of a rollout's samples and where they ask to run (`fifo` or `makespan`)."""
 
     def __init__(self, samples: Sequence[Request], schedule: Schedule, siblings: bool = False,
-                 budget: int | None = None):
+                 budget: int | None = None, tail: Set[str] = frozenset()):
+        """`tail`: the ids of samples that start only once no other waits (a first-k rollout's
+        extras, `FirstK.tail`: the samples most likely to be cut start last, and are cut before
+        they start where they can be)."""
         if schedule not in ("fifo", "makespan"):
             raise ValueError(f"a slot-by-slot plan is fifo or makespan, not {schedule!r}")
         self.schedule = schedule
         self.waiting = list(samples)
+        self._tail = tail
         self._budget = budget
         self._siblings = SiblingEstimates() if siblings and schedule == "makespan" else None
 
@@ -163,10 +167,11 @@ class RolloutPlan:
         """The sample that takes the slot just freed (the plan must not be empty: `len`)."""
         if not len(self):
             raise IndexError("no sample waits")
+        first = [s for s in self.waiting if s.id not in self._tail] or self.waiting
         if self.schedule == "makespan":
-            sample = max(self.waiting, key=lambda s: self.current_estimate(s) or 0.0)
+            sample = max(first, key=lambda s: self.current_estimate(s) or 0.0)
         else:
-            sample = self.waiting[0]
+            sample = first[0]
         self.waiting.remove(sample)
         return sample
 
@@ -215,6 +220,14 @@ class FirstK:
         self._running: dict[str, Request] = {}
         self._left = {s.id for s in samples}  # neither ended nor cut
         self._unstarted = set(self._left)  # neither started nor cut
+
+    @property
+    def tail(self) -> frozenset[str]:
+        """The samples past the first k of their prompt (none for a share of the batch): a plan
+        that starts them last waits for no sample it is about to cut (RollPacker's tail batching)."""
+        if self._k is None:
+            return frozenset()
+        return frozenset(s.id for family in self._families.values() for s in family[self._k:])
 
     @property
     def unstarted(self) -> int:

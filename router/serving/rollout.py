@@ -258,7 +258,8 @@ class _Rollout:
             for replica in self._runner.pool.ledger.live_replicas() or [None]:
                 self._feeders.append(self._tasks.create_task(self._lane(groups, replica)))
         else:
-            plan = RolloutPlan(records, self._req.schedule, self._req.siblings, self._req.budget_tokens)
+            plan = RolloutPlan(records, self._req.schedule, self._req.siblings, self._req.budget_tokens,
+                               self._enough.tail)
             self._feeders.append(self._tasks.create_task(self._slot_by_slot(plan)))
 
     async def _slot_by_slot(self, plan: RolloutPlan) -> None:
