@@ -96,7 +96,8 @@ def measure(base_url: str, actors: list, run: str, start_lead_s: float) -> dict:
     """Both probes against a running stack, one after the other (the router's own policy: nothing waits)."""
     def step(label: str, requests: int) -> float:
         trace = probe_trace(label, requests)
-        return step_seconds(replay(base_url, trace, actors=actors, timeout_s=600, t0=time.time() + start_lead_s))
+        return step_seconds(replay(base_url, trace, actors=actors, timeout_s=600, t0=time.time() + start_lead_s,
+                                   label="probe"))
 
     return {"step_s": step(run, PROBE_REQUESTS), "requests": PROBE_REQUESTS, "tokens": PROBE_TOKENS,
             "small_step_s": step(f"{run}/small", SMALL_PROBE_REQUESTS), "small_requests": SMALL_PROBE_REQUESTS}
