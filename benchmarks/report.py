@@ -247,9 +247,9 @@ ROWS = (  # (what, scenario, side, metric): a scenario row's figure is that side
     ("Client hints for half the requests: mean JCT", "hints", "hints", "mean_jct_s"),
     ("Calm load (80%): mean JCT, do no harm", "calm", "default", "mean_jct_s"),
     ("Ranking by the head, fixed lengths: mean JCT", "fixed_burst", "last_work", "mean_jct_s"),
-    ("The same with ESTP's head", "fixed_burst_estp", "estp_work", "mean_jct_s"),
-    ("Layer-4 head at natural lengths: mean JCT", "natural_burst_early", "early_work", "mean_jct_s"),
-    ("RL batch, makespan on the ceiling's lengths", "rollout_schedules", "ceiling", "makespan_s"),
+    ("RL epoch 2 ranked by epoch 1's lengths: makespan", "rollout_history", "history", "makespan_s"),
+    ("First 6 of 8 samples per prompt: makespan", "rollout_first_k", "first_k", "makespan_s"),
+    ("Partial rollouts, both calls: makespan", "rollout_partial", "partial", "makespan_s"),
 )
 BEGIN, END = "<!-- results:begin (python -m benchmarks report) -->", "<!-- results:end -->"
 
@@ -258,9 +258,9 @@ def _row(what: str, name: str, side: str, metric: str) -> str | None:
     scenario = SCENARIOS[name]
     path = RESULTS / f"{scenario.report}.json"
     block = json.loads(path.read_text()).get(name) if path.exists() else None
-    if block is None:
+    c = None if block is None else block["changes"].get(side, {}).get(metric)
+    if c is None:  # not run yet
         return None
-    c = block["changes"][side][metric]
     verdicts = [t["held"] for t in block["targets"] if t["target"].startswith(f"{side} {metric} ")]
     verdict = "-" if not verdicts else "held" if all(verdicts) else "missed"
     return (f"| {what} | {scenario.baseline} | {_range(c)}, {len(c['each'])} repeats | {verdict} | "
