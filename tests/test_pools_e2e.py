@@ -153,12 +153,14 @@ def test_saturated_pool_spills_to_its_neighbour(stack):
     # Identical requests share a pool; ignore_eos keeps each busy for 500 tokens, far longer than
     # the test needs, and hanging up at the end cancels them.
     holder = _chat(stack, "Count upwards from one.", max_tokens=500, ignore_eos=True, stream=True)
-    prediction = _predict(stack, "Count upwards from one.", max_tokens=500)
-    # ignore_eos: 500 tokens whatever the prediction says, so the pool that holds 500 at least.
+    # ignore_eos: the answer is 500 tokens, so max_tokens is its length (router.scheduling.signals),
+    # whatever the head would say, and no prediction can time out and hand the choice to the fallback.
+    prediction = _predict(stack, "Count upwards from one.", max_tokens=500, ignore_eos=True)
     edges = _get(stack, "/health").json()["output_edges"]
-    pool = max(prediction["bin"], Pools(tuple(POOLS), tuple(edges)).pool_of(500), key=POOLS.index)
-    # 18 concurrent predictions on a busy CPU: some time out and the fallback decides instead,
-    # under the same floor.
+    pool = Pools(tuple(POOLS), tuple(edges)).pool_of(500)
+    assert (prediction["source"], prediction["bin"]) == ("max_tokens", pool)
+    # A 500-token floor puts it in the last pool whatever the head says (router.scheduling.scheduler).
+    assert pool == POOLS[-1], edges
     i = POOLS.index(pool)
     neighbour = POOLS[i + 1] if i + 1 < len(POOLS) else POOLS[i - 1]  # the longer one when both exist
     _wait_idle(stack)
@@ -178,8 +180,8 @@ def test_saturated_pool_spills_to_its_neighbour(stack):
     headers, health = asyncio.run(run())
     assert health["inflight"][pool] == capacity and health["inflight"][neighbour] == 2
     assert sorted(h["x-pool"] for h in headers) == sorted([pool] * capacity + [neighbour] * 2)
-    for h in headers:  # the prediction's own bin (no bin after a fallback), whatever the floor made of it
-        assert h.get("x-length-bin", prediction["bin"]) == prediction["bin"]
+    for h in headers:
+        assert (h["x-length-source"], h["x-length-bin"]) == ("max_tokens", pool)
         assert h.get("x-spilled-from") == (pool if h["x-pool"] == neighbour else None)
 
 

@@ -80,6 +80,16 @@ def test_first_k_cuts_a_prompts_other_samples_once_k_are_done_and_only_those():
     assert enough.ended(_ended(a[1], 4)) == []  # the cut one ending cuts nothing more
 
 
+def test_a_sample_whose_last_token_is_in_is_never_cut():
+    family = [_sample(i, max_tokens=100) for i in range(2)]
+    enough = FirstK(family, k=1)
+    for s in family:
+        enough.started(s)
+    family[1].finish_reason, family[1].completion_tokens = "length", 100  # its stream not yet closed
+    assert enough.ended(_ended(family[0], 10)) == [] and family[1].finish_reason == "length"
+    assert enough.ended(family[1]) == [] and outcome(family[1]) == "done"
+
+
 def test_partial_and_failed_samples_never_count_towards_k():
     family = [_sample(i, max_tokens=100) for i in range(3)]
     enough = FirstK(family, k=1)

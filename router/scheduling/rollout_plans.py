@@ -262,6 +262,8 @@ class FirstK:
     def _cut(self, victims: list[Request]) -> list[Request]:
         running = []
         for sample in victims:
+            if sample.finish_reason is not None:  # its last token is in, its end not yet told: done
+                continue
             sample.finish_reason = CUT
             self._left.discard(sample.id)
             self._unstarted.discard(sample.id)
