@@ -101,7 +101,8 @@ def execute(name: str, stack: RunningStack, scenario: Scenario, side: Side, time
 
 
 def _one_call(samples: list[dict]) -> dict:
-    ok = [s for s in samples if s["error"] is None]
+    """A sample cut before it started (first-k) never ran: it has no finish to count."""
+    ok = [s for s in samples if s["error"] is None and s["finished_s"] is not None]
     finish = np.array([s["finished_s"] for s in ok], float)
     tokens = np.array([s["completion_tokens"] for s in ok], float)
     makespan = float(finish.max())
