@@ -159,3 +159,17 @@ def test_the_readme_table_is_rebuilt_between_its_markers(tmp_path, monkeypatch):
     assert "old" not in text and text.endswith(f"{report.END}\nafter\n")
     row = next(line for line in text.splitlines() if "fixed lengths" in line)
     assert "-10.0% [-13.0%, +0.8%], 4 repeats | held | [queueing.md](benchmarks/results/queueing.md#fixed_burst)" in row
+
+
+def test_a_first_k_batch_ends_with_its_last_started_sample_and_a_partial_one_adds_its_calls():
+    from benchmarks.rollouts import batch_metrics
+
+    def sample(finished, tokens, status="done", call=1):
+        return {"finished_s": finished, "completion_tokens": tokens, "status": status, "error": None,
+                "replica": "a", "call": call}
+
+    cut_unstarted = sample(None, 0, "cut")  # first-k cut it before it started: no finish
+    first_k = batch_metrics([sample(10.0, 100), sample(12.0, 40, "cut"), cut_unstarted])
+    assert first_k["makespan_s"] == 12.0 and first_k["output_tokens"] == 140 and first_k["cut_samples"] == 2
+    partial = batch_metrics([sample(8.0, 50, "partial"), sample(5.0, 20), sample(3.0, 30, call=2)])
+    assert partial["calls"] == [8.0, 3.0] and partial["makespan_s"] == 11.0 and partial["output_tokens"] == 100
