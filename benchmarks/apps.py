@@ -31,12 +31,14 @@ class App:
     application: dict | None = None
 
 
-def _ray_config() -> dict:
-    return yaml.safe_load((REPO / "ray_config.yaml").read_text())["applications"][0]
+def _ray_config(path: str = "ray_config.yaml") -> dict:
+    return yaml.safe_load((REPO / path).read_text())["applications"][0]
 
 
-def default_policy() -> str:
-    return StackConfig.model_validate(_ray_config()["args"]).router.policy
+def default_policy(profile: str = "cpu") -> str:
+    """What `serve run` serves by default: ray_config.yaml here, cluster/ray_config.gpu.yaml on GPU nodes."""
+    path = {"cpu": "ray_config.yaml", "gpu": "cluster/ray_config.gpu.yaml"}[profile]
+    return StackConfig.model_validate(_ray_config(path)["args"]).router.policy
 
 
 def policy_of(side: Side) -> str:

@@ -126,7 +126,7 @@ def write(report: str) -> dict:
     if report == "pays_live":
         from benchmarks.apps import default_policy
 
-        result["default_policy"] = {"cpu": default_policy(), "gpu": default_policy()}
+        result["default_policy"] = {profile: default_policy(profile) for profile in ("cpu", "gpu")}
     if report == "rollout":
         result.update(rollout_summary(result))
     result["lost_requests"] = sum(v.get("lost_requests", 0) for v in result.values() if isinstance(v, dict))

@@ -86,11 +86,13 @@ def execute(name: str, stack: RunningStack, scenario: Scenario, side: Side, time
     answered = time.time()
     meta = {"inflight_zero_after_s": inflight_zero_after_s(stack, answered)} if side.k else {}
     samples = [{**s, "call": 1} for s in first["samples"]]
-    partial = [s["continuation_id"] for s in first["samples"] if s.get("continuation_id")]
+    partial = [s for s in first["samples"] if s.get("continuation_id")]
     if partial:
-        second = _post(stack, {"model": stack.model, "continuations": partial, "max_tokens": batch.max_tokens,
-                               "schedule": "fifo"}, timeout_s)
-        samples += [{**s, "call": 2} for s in second["samples"]]
+        second = _post(stack, {"model": stack.model, "continuations": [s["continuation_id"] for s in partial],
+                               "max_tokens": batch.max_tokens, "schedule": "fifo"}, timeout_s)
+        # A continued sample is the sample it continues (the answer numbers it in the continuations' order).
+        samples += [{**s, "call": 2, "prompt_index": partial[s["continues"]]["prompt_index"],
+                     "sample_index": partial[s["continues"]]["sample_index"]} for s in second["samples"]]
     samples = [{k: v for k, v in s.items() if k not in ("text", "continuation_id")} for s in samples]
     path = run_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)

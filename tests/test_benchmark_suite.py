@@ -173,3 +173,8 @@ def test_a_first_k_batch_ends_with_its_last_started_sample_and_a_partial_one_add
     assert first_k["makespan_s"] == 12.0 and first_k["output_tokens"] == 140 and first_k["cut_samples"] == 2
     partial = batch_metrics([sample(8.0, 50, "partial"), sample(5.0, 20), sample(3.0, 30, call=2)])
     assert partial["calls"] == [8.0, 3.0] and partial["makespan_s"] == 11.0 and partial["output_tokens"] == 100
+
+
+def test_the_default_policy_is_read_from_each_profiles_config():
+    assert apps.default_policy("cpu") == "early_work"  # ray_config.yaml: the CPU figures chose it
+    assert apps.default_policy("gpu") == "last_work"  # cluster/ray_config.gpu.yaml

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from benchmarks.simulator.validation import (AGGREGATES, decoding_per_engine, merged, noise_floor, sign_agreement,
-                                             tpot_by_batch)
+from benchmarks.simulator.validation import (AGGREGATES, decoding_per_engine, merged, metrics, noise_floor,
+                                             rollout_run, sign_agreement, tpot_by_batch)
 
 
 def _run(jct: float) -> dict:
@@ -93,6 +93,23 @@ def test_the_same_workload_comparison_replays_a_run_both_ways():
     changes = same_workload({run.name: run, blind.name: blind}, setup, Fit())
     assert list(changes) == ["burst/early_work"] and len(changes["burst/early_work"]) == 1
     assert changes["burst/early_work"][0] < -0.1
+
+
+def test_a_longest_first_rollout_is_replayed_in_the_batchs_order_on_its_own_lengths():
+    """40 samples on 32 slots, the 4 long ones last in the batch: longest-first starts them at once
+    and must end the batch sooner than fifo on those very lengths; a fifo run is no comparison."""
+    from benchmarks.simulator.fit import Fit
+    from benchmarks.simulator.setup import load_setup
+    from benchmarks.simulator.validation import same_workload
+
+    lengths = [30] * 36 + [400] * 4
+    samples = [{"prompt_index": i // 8, "sample_index": i % 8, "status": "done", "completion_tokens": n,
+                "error": None, "estimated_tokens": n, "first_token_s": 0.1, "finished_s": 1.0}
+               for i, n in enumerate(lengths)]
+    runs = {name: rollout_run(name, samples, schedule, [40] * 5, max_tokens=512)
+            for name, schedule in (("rl/history/r0", "makespan"), ("rl/fifo/r0", "fifo"))}
+    changes = same_workload(runs, load_setup(), Fit())
+    assert list(changes) == ["rl/history"] and changes["rl/history"][0] < -0.1
 
 
 def test_where_nothing_waits_the_same_workload_shows_no_order_effect_whatever_the_probe():
@@ -235,6 +252,19 @@ def test_the_decoding_batch_is_the_runs_decode_time_over_its_span_per_engine():
     first, finish = np.array([0.0, 0.0, 5.0]), np.array([10.0, 5.0, 10.0])  # 20 s of decoding in 10 s
     assert decoding_per_engine(first, finish, replicas=2) == pytest.approx(1.0)
     assert decoding_per_engine(first, finish, replicas=1) == pytest.approx(2.0)
+
+
+def test_a_first_k_sample_cut_before_it_started_is_replayed_at_its_cap_and_timed_nowhere():
+    def sample(i, status, tokens, first, finish):
+        return {"prompt_index": 0, "sample_index": i, "status": status, "completion_tokens": tokens, "error": None,
+                "estimated_tokens": None, "first_token_s": first, "finished_s": finish}
+
+    run = rollout_run("first_k/r0", [sample(0, "done", 30, 0.5, 9.0), sample(1, "cut", 12, 0.5, 9.1),
+                                     sample(2, "cut", 0, None, None)], "fifo", [40], max_tokens=64, k=1)
+    assert list(run.output) == [30, 64, 64] and run.k == 1  # a cut sample would have run on to its cap
+    real = metrics(run.arrival, run.first_token, run.finish, run.output)
+    assert real["makespan_s"] == pytest.approx(9.1) and real["mean_jct_s"] == pytest.approx(9.05)
+    assert decoding_per_engine(run.first_token, run.finish, replicas=1) == pytest.approx((8.5 + 8.6) / 8.6)
 
 
 def test_tpot_errors_are_split_into_full_and_partial_batch_runs():

@@ -24,13 +24,13 @@ def _validate(args) -> None:
     from fnmatch import fnmatch
 
     from benchmarks.replay.runs import RUNS, read_run
-    from benchmarks.simulator.setup import load_setup
+    from benchmarks.simulator.setup import load_setup, saved_fit
     from benchmarks.simulator.validation import load_runs, validate, write
 
     runs = load_runs(RUNS)
     fit = [name for name in runs if any(fnmatch(name, pattern) for pattern in args.fit)]
     records = {name: read_run(name) for name in fit if runs[name].kind == "online"}
-    result = validate(load_setup(), runs, fit, records)
+    result = validate(load_setup(), runs, fit, records, saved_fit() if args.saved_fit else None)
     write(result, args.out)
     print(json.dumps({k: result[k] for k in ("fit", "aggregate", "sign_agreement")}, indent=1)[:3000])
 
@@ -52,6 +52,9 @@ def main() -> None:
                         "the fit, probed runs are timed against the model's own guess of the probe. The 110%% "
                         "pair's first repeat brings probed half-full batches: with bursts alone the step's split "
                         "into fixed and per-sequence cost was the one calm run's, from an unprobed machine")
+    p.add_argument("--saved-fit", action="store_true",
+                   help="replay with the factors the last validation fitted, skipping the fit: "
+                        "for new held-out runs when the fit runs are unchanged")
     p.add_argument("--out", type=Path, default=RESULTS)
     p = sub.add_parser("scale", help="bursts at 2 to 100 replicas -> simulator_scale.*")
     p.add_argument("--seeds", type=int, default=10)

@@ -150,10 +150,15 @@ def validated_setup(calibration: Path = CALIBRATION, validation: Path = VALIDATI
     setup = load_setup(calibration)
     if not validation.exists():
         return setup
-    saved = json.loads(validation.read_text())["fit"]
-    fit = Fit(**{**saved, "references": {int(size): step for size, step in saved.get("references", {}).items()}})
+    fit = saved_fit(validation)
     return replace(setup, model=fit.model(setup.model), hops=fit.hops,
                    validated=True)
+
+
+def saved_fit(validation: Path = VALIDATION) -> Fit:
+    """The step-time factors and hops the last validation fitted."""
+    saved = json.loads(validation.read_text())["fit"]
+    return Fit(**{**saved, "references": {int(size): step for size, step in saved.get("references", {}).items()}})
 
 
 def load_setup(calibration: Path = CALIBRATION) -> Setup:

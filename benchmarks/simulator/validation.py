@@ -122,7 +122,7 @@ def rollout_run(name: str, samples: list[dict], schedule: str, prompt_tokens: li
                 for s in ok]
     output = [max_tokens - s.get("resumed_tokens", 0) if s.get("status") == "cut" else s["completion_tokens"] for s in ok]
     return Run(name, schedule, "ray_default", "least_inflight", requests, np.array(output), np.zeros(len(ok)),
-               np.array([s["first_token_s"] for s in ok]), np.array([s["finished_s"] for s in ok]), [], k=k)
+               np.array([s["first_token_s"] for s in ok], float), np.array([s["finished_s"] for s in ok], float), [], k=k)
 
 
 def simulated(run: Run, setup: Setup, fit: Fit, replicas: int, per_replica: int) -> tuple[np.ndarray, np.ndarray]:
@@ -140,10 +140,11 @@ def simulated(run: Run, setup: Setup, fit: Fit, replicas: int, per_replica: int)
 
 
 def metrics(arrival: np.ndarray, first: np.ndarray, finish: np.ndarray, tokens: np.ndarray) -> dict:
+    """Over the requests that ran: a first-k sample cut before it started has no times (NaN)."""
     jct, ttft = finish - arrival, first - arrival
-    span = finish.max() - arrival.min()
-    return {"mean_jct_s": float(jct.mean()), "p99_jct_s": float(np.percentile(jct, 99)),
-            "mean_ttft_s": float(ttft.mean()), "throughput_tok_s": float(tokens.sum() / span),
+    span = np.nanmax(finish) - arrival.min()
+    return {"mean_jct_s": float(np.nanmean(jct)), "p99_jct_s": float(np.nanpercentile(jct, 99)),
+            "mean_ttft_s": float(np.nanmean(ttft)), "throughput_tok_s": float(tokens.sum() / span),
             "makespan_s": float(span)}
 
 
@@ -160,7 +161,8 @@ def compare(run: Run, setup: Setup, fit: Fit, replicas: int = 2, per_replica: in
     for name, r, s in (("jct", run.finish - run.arrival, finish - run.arrival),
                        ("ttft", run.first_token - run.arrival, first - run.arrival),
                        ("tpot", _tpot(run.first_token, run.finish, run.output), _tpot(first, finish, run.output))):
-        signed = (s - r) / np.maximum(r, 1e-3)
+        ran = np.isfinite(s) & np.isfinite(r)  # started in both: the others have no time to compare
+        signed = (s[ran] - r[ran]) / np.maximum(r[ran], 1e-3)
         per_request[name] = {"median": float(np.median(np.abs(signed))), "p90": float(np.percentile(np.abs(signed), 90)),
                              "signed_median": float(np.median(signed))}
     fixed, work = fit.machine(setup.model, run.probe)
@@ -173,7 +175,7 @@ def compare(run: Run, setup: Setup, fit: Fit, replicas: int = 2, per_replica: in
 def decoding_per_engine(first: np.ndarray, finish: np.ndarray, replicas: int) -> float:
     """How many requests an engine decoded at once on average over the run (Little's law on the
     decode phase): where the step-time model errs depends on it, since the factors are global."""
-    return float((finish - first).sum() / (finish.max() - first.min()) / replicas)
+    return float(np.nansum(finish - first) / (np.nanmax(finish) - np.nanmin(first)) / replicas)
 
 
 def probe_step_s(setup: Setup, fit: Fit, prompt_tokens: int, size: int) -> float:
@@ -231,22 +233,26 @@ def measured_hops(records: list[list[RunRecord]]) -> Hops:
                    [np.array([r.router_arrival_s for r in rs]) for rs in arrived], np.array(out))
 
 
-def same_workload(runs: dict[str, Run], setup: Setup, fit: Fit,
-                  baseline: str = "ray_default") -> dict[str, list[float]]:
-    """Per "<workload>/<policy>": the policy's mean-JCT change against the baseline on each of its
-    runs' own realized workload, that run (its lengths, predictions, predictor time) simulated
-    both ways. Unseeded runs of one trace generate different lengths (the dataset burst 56k to
-    68k tokens), which moves the mean JCT as much as the order does; vLLM's CPU engines cannot seed
-    a request, so only the simulator can pair two policies on one workload. Both sides are
-    simulated here, on one machine model: set against a replay timed another way (the two-size
+def same_workload(runs: dict[str, Run], setup: Setup, fit: Fit) -> dict[str, list[float]]:
+    """Per "<workload>/<policy>": the policy's change against its baseline on each of its runs' own
+    realized workload, that run (its lengths, predictions, predictor time) simulated both ways: an
+    online policy's mean JCT against ray_default, a longest-first rollout's makespan against fifo.
+    Unseeded runs of one trace generate different lengths (the dataset burst 56k to 68k tokens, an
+    RL batch 26k to 29k), which moves the figures as much as the order does; vLLM's CPU engines
+    cannot seed a request, so only the simulator can pair two policies on one workload. Both sides
+    are simulated here, on one machine model: set against a replay timed another way (the two-size
     probe split beside the full probe) the pair differed by up to 10% where nothing queued."""
     out: dict[str, list[float]] = defaultdict(list)
     for name, run in runs.items():
-        if run.kind != "online" or run.policy == baseline or run.choice != "least_inflight":
+        if run.kind == "online" and run.policy != "ray_default" and run.choice == "least_inflight":
+            blind = replace(run, policy="ray_default", predictor_busy=[],
+                            requests=[replace(r, policy="ray_default", prediction=None) for r in run.requests])
+            metric = "mean_jct_s"
+        elif run.kind == "makespan":
+            blind, metric = replace(run, kind="fifo"), "makespan_s"
+        else:
             continue
-        blind = replace(run, policy=baseline, predictor_busy=[],
-                        requests=[replace(r, policy=baseline, prediction=None) for r in run.requests])
-        as_run, as_blind = (metrics(run.arrival, *simulated(r, setup, fit, 2, 16), run.output)["mean_jct_s"]
+        as_run, as_blind = (metrics(run.arrival, *simulated(r, setup, fit, 2, 16), run.output)[metric]
                             for r in (run, blind))
         out[name.rsplit("/", 1)[0]].append(as_run / as_blind - 1)
     return dict(out)
@@ -375,6 +381,11 @@ def markdown(result: dict) -> str:
         lines.append(f"| {row['workload']} | {row['policy']} | {', '.join(_pct(c) for c in row['real_changes'])} | "
                      f"{_pct(row['simulated_change'])} | {', '.join(_pct(c) for c in paired) or '-'} | "
                      f"{'yes' if row['resolved'] else 'no'} | {'yes' if row['same_sign'] else 'no'} |")
+    lines += ["", "## Rollout schedules on their own lengths (makespan against fifo)", "",
+              "Each longest-first rollout run simulated as it ran and in the batch's order, on its own generated "
+              "lengths.", "", "| scenario/side | each run |", "|---|---|"]
+    lines += [f"| {key} | {', '.join(_pct(c) for c in changes)} |"
+              for key, changes in sa.get("rollouts_same_workload", {}).items()]
     return "\n".join(lines) + "\n"
 
 
@@ -446,15 +457,18 @@ def load_runs(runs_dir: Path) -> dict[str, Run]:
     return runs
 
 
-def validate(setup: Setup, runs: dict[str, Run], fit_names: list[str], records: dict[str, list[RunRecord]]) -> dict:
-    """Fit on `fit_names`, compare every run, and judge the held-out ones."""
+def validate(setup: Setup, runs: dict[str, Run], fit_names: list[str], records: dict[str, list[RunRecord]],
+             fit: Fit | None = None) -> dict:
+    """Fit on `fit_names` (unless given the fit those runs gave before), compare every run, and
+    judge the held-out ones."""
     from benchmarks.replay.probe import probe_prompt_tokens
 
-    hops = measured_hops([records[n] for n in fit_names if n in records])
-    probe_tokens = probe_prompt_tokens(setup.config.model.source)
-    probe_sizes = {size for run in runs.values() if run.probe
-                   for size in (run.probe.requests, run.probe.small_requests) if size}
-    fit = fit_scales([runs[n] for n in fit_names], setup, hops, probe_tokens, probe_sizes)
+    if fit is None:
+        hops = measured_hops([records[n] for n in fit_names if n in records])
+        probe_tokens = probe_prompt_tokens(setup.config.model.source)
+        probe_sizes = {size for run in runs.values() if run.probe
+                       for size in (run.probe.requests, run.probe.small_requests) if size}
+        fit = fit_scales([runs[n] for n in fit_names], setup, hops, probe_tokens, probe_sizes)
     # Timed at the full probe alone, as every probed run can be: the two-size split (Fit.machine),
     # which only the later runs can have, is reported beside (docs/benchmarks.md).
     timed = {name: full_probe_only(run) for name, run in runs.items()}
@@ -471,6 +485,8 @@ def validate(setup: Setup, runs: dict[str, Run], fit_names: list[str], records: 
     paired = same_workload(timed, setup, fit)
     for row in agreement["rows"]:
         row["same_workload_changes"] = paired.get(f"{row['workload']}/{row['policy']}", [])
+    kinds = {name.rsplit("/", 1)[0]: run.kind for name, run in timed.items()}
+    agreement["rollouts_same_workload"] = {k: v for k, v in paired.items() if kinds[k] == "makespan"}
     probed = [n for n in held_out if runs[n].probe]
     unscaled = {n: compare(replace(runs[n], probe=None), setup, fit) for n in probed}
     split = [n for n in probed if runs[n].probe.small_requests]
