@@ -90,7 +90,8 @@ def judge(target: Target, changes: dict) -> dict:
     values = [] if c is None else c["each"] if target.each else [c["median"]]
     eps = 1e-9  # a change computed as a ratio of floats may miss its bound by the last bit
     held = bool(values) and all(v >= target.bound - eps if target.at_least else v <= target.bound + eps for v in values)
-    return {"target": target.text(), "value": None if c is None else c["median"], "held": held}
+    worst = (min if target.at_least else max)(values) if values else None  # the median, or the worst repeat
+    return {"target": target.text(), "value": worst, "held": held}
 
 
 def scenario_result(scenario: Scenario) -> dict | None:

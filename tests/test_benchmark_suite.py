@@ -135,6 +135,7 @@ def test_the_report_takes_each_sides_change_per_repeat_and_judges_the_targets(tm
     assert change["median"] == pytest.approx(-0.1) and change["min"] == pytest.approx(-0.2)
     assert change["max"] == pytest.approx(0.05) and len(block["repeats"]) == 3
     assert [t["held"] for t in block["targets"]] == [True, False]  # the median held, one repeat lost
+    assert [t["value"] for t in block["targets"]] == [pytest.approx(-0.1), pytest.approx(0.05)]  # that repeat
     assert block["repeats"][0]["base"]["output_tokens"] == 400 and block["lost_requests"] == 0
 
 
