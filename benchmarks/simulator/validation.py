@@ -445,8 +445,9 @@ def load_runs(runs_dir: Path) -> dict[str, Run]:
             side, tokens = scenario.side(side_name), rl_prompt_tokens(scenario.workload.prompts)
             for call in sorted({s.get("call", 1) for s in samples}):  # a partial side's continuation is a call of its own
                 called = f"{scenario.name}/{side_name}{'' if call == 1 else '_continued'}/{repeat}"
-                runs[called] = rollout_run(called, [s for s in samples if s.get("call", 1) == call], side.schedule,
-                                           tokens, scenario.workload.max_tokens, side.k)
+                run = rollout_run(called, [s for s in samples if s.get("call", 1) == call], side.schedule,
+                                  tokens, scenario.workload.max_tokens, side.k)
+                runs[called] = replace(run, probe=read_probe(path))  # taken before the first call
             continue
         records = read_run(name, runs_dir)
         # The simulator has no queue bound: replaying only the answered part of a run whose router
