@@ -80,7 +80,9 @@ class Run:
 
 
 def online_run(name: str, records: list[RunRecord]) -> Run:
-    """A burst or load run of the router (or the stock app, whose records have no router side)."""
+    """A burst or load run of the router (or the stock app, whose records have no router side),
+    each request with what the router knew of it: its told length, the client's hint, and the
+    prediction where it landed before the request left the queue."""
     ok = sorted((r for r in records if r.status == "ok"), key=lambda r: (r.sent_s, r.request_id))
     policy = ok[0].decided_by or "ray_default"
     requests = []
@@ -89,7 +91,7 @@ def online_run(name: str, records: list[RunRecord]) -> Run:
         landed = r.prediction_landed == "before_dispatch" and r.predicted_tokens is not None
         requests.append(Request(
             r.request_id, policy, arrival=r.sent_s, prompt_tokens=r.prompt_tokens, max_tokens=1024,
-            told_tokens=told.get(policy), family=r.request_id,
+            told_tokens=told.get(policy), hint_tokens=r.hint_tokens, family=r.request_id,
             prediction=Prediction("last", float(r.predicted_tokens), {}, SINGLE_POOL, {}) if landed else None))
     stock = ok[0].decided_by is None
     return Run(name, "online", policy, "power_of_two" if stock else "least_inflight", requests,
