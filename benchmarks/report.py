@@ -28,9 +28,11 @@ from benchmarks.scenarios import SCENARIOS, Scenario, Target
 
 RESULTS = REPO / "benchmarks" / "results"
 README = REPO / "README.md"
-KEPT = ("mean_jct_s", "p50_jct_s", "p99_jct_s", "short_p99_jct_s", "mean_ttft_s", "throughput_tok_s",
-        "output_tokens", "makespan_s", "queued_share", "ranked_share", "predictor_latency_p50_s", "completed", "failed")
-CHANGED = ("mean_jct_s", "p99_jct_s", "short_p99_jct_s", "mean_ttft_s", "throughput_tok_s", "makespan_s")
+KEPT = ("mean_jct_s", "p50_jct_s", "p99_jct_s", "short_p99_jct_s", "short_answer_mean_jct_s", "mean_ttft_s",
+        "throughput_tok_s", "output_tokens", "makespan_s", "queued_share", "ranked_share", "predictor_latency_p50_s",
+        "completed", "failed")
+CHANGED = ("mean_jct_s", "p99_jct_s", "short_p99_jct_s", "short_answer_mean_jct_s", "mean_ttft_s", "throughput_tok_s",
+           "makespan_s")
 REPEATS_KEY = {"pays_live": "pairs"}  # the issue's name for the repeats of a stock-against-stack comparison
 
 
@@ -55,10 +57,11 @@ def budget_figures(records: list[RunRecord]) -> dict:
     app): the shares of all its verdicts, and of those it priced (a cheap signal's skip is not
     the budget's), the share it skipped."""
     decisions = [r.prediction_decision for r in records if r.prediction_decision is not None]
+    predicted = sum(r.predicted_tokens is not None for r in records)
     if not decisions:
-        return {"budget_verdicts": 0}
+        return {"budget_verdicts": 0, "predicted_requests": predicted}
     priced = [d for d in decisions if d != "skipped_by_signal"]
-    return {"budget_verdicts": len(decisions),
+    return {"budget_verdicts": len(decisions), "predicted_requests": predicted,
             **{f"{d}_share": sum(x == d for x in decisions) / len(decisions) for d in ("predicted", "skipped_by_signal")},
             "skipped_by_budget_share": sum(d == "skipped_by_budget" for d in priced) / len(priced) if priced else None}
 
@@ -117,6 +120,10 @@ def scenario_result(scenario: Scenario) -> dict | None:
                       for m in sides if m.get("skipped_by_budget_share") is not None)
         out["budget_priced_requests"] = round(priced)  # the waiting requests the budget weighed, all repeats
         out["budget_skipped_share"] = skipped / priced if priced else None
+        # Where nothing waits the budget is never asked: the share of all requests served with no
+        # prediction made is what the calm run saved of the predictor's prefills.
+        requests = sum(m["completed"] + m["failed"] for m in sides)
+        out["unpredicted_share"] = 1 - sum(m.get("predicted_requests", 0) for m in sides) / requests if requests else None
     return out
 
 
@@ -209,7 +216,7 @@ def markdown(report: str, scenarios: list[Scenario], result: dict) -> str:
                   for side, c in block["changes"].items()]
         lines += [""] + [f"- {t['target']}: {_pct(t['value'])}, **{'held' if t['held'] else 'missed'}**"
                          for t in block["targets"]]
-        for key in ("share_of_ceiling_gain", "budget_skipped_share"):
+        for key in ("share_of_ceiling_gain", "budget_skipped_share", "unpredicted_share"):
             if key in block:
                 lines.append(f"- {key}: {_num(block[key])}")
         lines.append("")
@@ -246,6 +253,7 @@ ROWS = (  # (what, scenario, side, metric): a scenario row's figure is that side
     ("Default stack at natural lengths: mean JCT", "natural", "default", "mean_jct_s"),
     ("Default stack at natural lengths: short-request p99", "natural", "default", "short_p99_jct_s"),
     ("Client hints for half the requests: mean JCT", "hints", "hints", "mean_jct_s"),
+    ("Client hints for half the requests: the short answers' mean JCT", "hints", "hints", "short_answer_mean_jct_s"),
     ("Calm load (80%): mean JCT, do no harm", "calm", "default", "mean_jct_s"),
     ("Ranking by the head, fixed lengths: mean JCT", "fixed_burst", "last_work", "mean_jct_s"),
     ("RL epoch 2 ranked by epoch 1's lengths: makespan", "rollout_history", "history", "makespan_s"),

@@ -7,7 +7,9 @@ ceiling), or on the prompt's own history (the side first runs the batch once as 
 recorded); `k` takes the first k of each prompt's n samples (the engines' in-flight count is
 then watched until it is back to 0); a token budget stops samples as partial, and a second call
 continues them. Each run's samples (text left out, each with the call it came from) are its
-per-request records, which the report and the simulator's validation read.
+per-request records, which the report and the simulator's validation read; the machine's speed
+probe (benchmarks.replay.probe) just before the measured call lies beside them, so the simulator
+times a rollout on the machine it ran on, as it does a burst.
 
 A batch's figures (benchmarks.report reads them):
 - makespan: the last sample's finish, from the batch's start (a training step waits for it); for a
@@ -27,6 +29,8 @@ from collections import defaultdict
 import httpx
 import numpy as np
 
+from benchmarks.replay.actors import START_LEAD_S
+from benchmarks.replay.probe import measure, probe_path
 from benchmarks.replay.runs import run_path
 from benchmarks.replay.stack import RunningStack
 from benchmarks.replay.trace import rl_prompts
@@ -76,12 +80,17 @@ def inflight_zero_after_s(stack: RunningStack, answered: float, timeout_s: float
     return None
 
 
-def execute(name: str, stack: RunningStack, scenario: Scenario, side: Side, timeout_s: float = 3600) -> list[dict]:
+def execute(name: str, stack: RunningStack, actors: list, scenario: Scenario, side: Side,
+            timeout_s: float = 3600) -> list[dict]:
     """One measured rollout of the scenario's batch (after its epoch 1, for a history side); its
-    samples written as the run's records, and a first-k run's drain time beside them."""
+    samples written as the run's records, with the machine's probe and a first-k run's drain time
+    beside them."""
     batch = scenario.workload
+    path = run_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
     if side.lengths_from == "history":
         _post(stack, body(batch, side, stack.model, schedule="fifo"), timeout_s)  # epoch 1: the lengths to rank by
+    probe_path(path).write_text(json.dumps(measure(stack.base_url, actors, name, START_LEAD_S)) + "\n")
     first = _post(stack, body(batch, side, stack.model), timeout_s)
     answered = time.time()
     meta = {"inflight_zero_after_s": inflight_zero_after_s(stack, answered)} if side.k else {}
@@ -94,8 +103,6 @@ def execute(name: str, stack: RunningStack, scenario: Scenario, side: Side, time
         samples += [{**s, "call": 2, "prompt_index": partial[s["continues"]]["prompt_index"],
                      "sample_index": partial[s["continues"]]["sample_index"]} for s in second["samples"]]
     samples = [{k: v for k, v in s.items() if k not in ("text", "continuation_id")} for s in samples]
-    path = run_path(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(s) + "\n" for s in samples))
     if meta:
         path.with_suffix(".meta.json").write_text(json.dumps(meta) + "\n")

@@ -86,7 +86,7 @@ def run(scenario: Scenario, repeats: int | None = None) -> None:
             stack = session.use(app)
             name = f"{scenario.name}/{side.name}/r{k}"
             if scenario.kind == "rollout":
-                rollouts.execute(name, stack, scenario, side)
+                rollouts.execute(name, stack, session.actors, scenario, side)
             else:
                 if requests is None:  # one trace for every side of this session (a load's is probed once)
                     requests = workloads.trace(scenario.workload, scenario.name, lambda: _probe(session, scenario))

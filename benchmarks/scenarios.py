@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Metric = Literal["mean_jct_s", "p99_jct_s", "short_p99_jct_s", "mean_ttft_s", "throughput_tok_s", "makespan_s"]
+Metric = Literal["mean_jct_s", "p99_jct_s", "short_p99_jct_s", "short_answer_mean_jct_s", "mean_ttft_s",
+                 "throughput_tok_s", "makespan_s"]
 
 
 @dataclass(frozen=True)

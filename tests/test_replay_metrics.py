@@ -49,6 +49,7 @@ def test_summary_percentiles_throughput_and_short_requests():
     assert s["throughput_tok_s"] == pytest.approx(100 / 7) and s["throughput_req_s"] == pytest.approx(4 / 7)
     assert (s["completed"], s["failed"], s["pools"]) == (4, 1, {"short": 4})
     assert short_ids(records) == {"r0", "r1"} and s["short_p99_jct_s"] == pytest.approx(jcts[0] + 0.99)
+    assert s["short_answer_mean_jct_s"] == pytest.approx(jcts[0])  # by what the run generated: r0's 10 tokens
     assert s["mean_ttft_s"] == pytest.approx(0.5)
 
 

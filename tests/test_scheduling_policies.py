@@ -21,7 +21,8 @@ def _scheduler(slots=None, replicas=None, seed=0, **kwargs) -> Scheduler:
 
 
 def _ctx(scheduler: Scheduler) -> PolicyContext:
-    return PolicyContext(EDGES, [50, 200], dict.fromkeys(POOLS, 1), scheduler.inflight, random.Random(0))
+    return PolicyContext(EDGES, [50, 200], dict.fromkeys(POOLS, 1), scheduler.inflight, scheduler.estimate,
+                         random.Random(0))
 
 
 def _prediction(pool: str, expected: float, **quantiles) -> Prediction:
@@ -70,6 +71,22 @@ def test_predicted_policies_take_the_predicted_pool(name):
         _choose(name, Request("r", name, prompt_tokens=10, prediction_failure="timeout"))
 
 
+@pytest.mark.parametrize("name", ["estp", "egtp", "last"])
+def test_predicted_policies_pool_by_a_cheaper_signal_first(name):
+    long = _prediction("long", 400)
+    # A hint, or a max_tokens that is the length (short_cap_tokens), picks the pool, prediction or not.
+    assert _choose(name, Request("r", name, prediction=long, hint_tokens=250)) == "medium"
+    assert _choose(name, Request("r", name, hint_tokens=40)) == "short"
+    capped = _scheduler(ranking=Ranking(short_cap_tokens=50))
+    assert _choose(name, Request("r", name, prediction=long, max_tokens=30), capped) == "short"
+    # A cap above short_cap_tokens is no length: the head's pool.
+    assert _choose(name, Request("r", name, prediction=long, max_tokens=2000), capped) == "long"
+    # A hint live quality distrusts is passed over for the head.
+    distrusting = _scheduler()
+    distrusting.trust("hint", False)
+    assert _choose(name, Request("r", name, prediction=long, hint_tokens=40), distrusting) == "long"
+
+
 def test_oracle_pools_the_told_length_and_needs_it():
     assert _choose("oracle", Request("r", "oracle", told_tokens=250)) == "medium"
     with pytest.raises(NoDecision, match="no_oracle_header"):
@@ -88,7 +105,8 @@ def test_ray_default_prefers_the_less_loaded_of_two_samples():
 
 def test_ray_default_weights_pools_by_replicas():
     scheduler = _scheduler()
-    ctx = PolicyContext(EDGES, [], {"short": 8, "medium": 1, "long": 1}, scheduler.inflight, random.Random(1))
+    ctx = PolicyContext(EDGES, [], {"short": 8, "medium": 1, "long": 1}, scheduler.inflight, scheduler.estimate,
+                        random.Random(1))
     chooser = POLICIES["ray_default"].chooser(ctx)
     picks = [chooser.choose(Request("r", "ray_default")) for _ in range(400)]
     assert picks.count("short") > picks.count("medium") + picks.count("long")

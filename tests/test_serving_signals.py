@@ -139,3 +139,21 @@ def test_a_fixed_length_replay_keeps_the_clients_own_cap_as_its_signal():
     (replayed,), _ = asyncio.run(_while_one_holds_the_slot(
         pipeline, _body("replayed", hint=300), overrides=[Overrides(fixed_tokens=5)]))
     assert replayed.max_tokens == 1000 and replayed.estimate.source == "hint" and replayed.completion_tokens == 5
+
+
+def test_a_pool_policy_pools_a_hinted_request_by_its_hint_without_a_prefill():
+    """The paper's pool policies wait for the prediction before they can pick a pool, but not where
+    a cheaper signal gives the length: a hinted request goes at once, pooled by its hint."""
+    predictor = FakePredictor({"last": BINS})
+    pipeline, _ = _pipeline(policy="last", predictor=predictor)
+
+    async def serve(body):
+        served = await pipeline.serve(body, "chat", Overrides())
+        served.answer.json()
+        return served.request
+
+    hinted = asyncio.run(serve(_body(hint="40")))
+    assert (hinted.decided_by, hinted.fallback, hinted.estimate.source) == ("last", None, "hint")
+    assert hinted.prediction is None and predictor.calls == 0
+    unhinted = asyncio.run(serve(_body()))
+    assert (unhinted.decided_by, unhinted.estimate.source, predictor.calls) == ("last", "head", 1)

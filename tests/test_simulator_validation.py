@@ -273,3 +273,14 @@ def test_tpot_errors_are_split_into_full_and_partial_batch_runs():
     bands = tpot_by_batch(compared, ["burst", "calm", "half"])
     assert bands["full"] == {"runs": 1, "signed_median": pytest.approx(0.02)}
     assert bands["partial"] == {"runs": 2, "signed_median": pytest.approx(0.35)}
+
+
+def test_a_hinted_run_is_replayed_with_the_hints_its_router_ranked_by():
+    from benchmarks.replay.runs import read_run
+    from benchmarks.simulator.validation import online_run
+
+    records = read_run("natural/default/r0")[:3]
+    hinted = [records[0].model_copy(update={"hint_tokens": 40}), *records[1:]]
+    run = online_run("natural/hinted/r0", hinted)
+    hints = {r.id: r.hint_tokens for r in run.requests}
+    assert hints[records[0].request_id] == 40 and {hints[r.request_id] for r in records[1:]} == {None}

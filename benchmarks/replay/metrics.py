@@ -61,6 +61,17 @@ def short_ids(records: list[RequestRecord]) -> set[str]:
     return {rid for rid, n in lengths.items() if n <= edge}
 
 
+def short_answer_jcts(done: list[RequestRecord]) -> list[float]:
+    """The JCTs of the answers that came out short (at or below the run's 25th percentile of
+    generated length). At natural lengths a request's "true" length is the dataset's sample, one
+    draw, and the run draws its own: a request short there may run long here, so `short_p99_jct_s`
+    mixes long answers in. These are the short jobs the run actually served."""
+    if not done:
+        return []
+    edge = np.percentile([r.completion_tokens for r in done], 25)
+    return [r.jct_s for r in done if r.completion_tokens <= edge]
+
+
 def summarise(records: list[RequestRecord], batch_size: int) -> dict:
     done = [r for r in records if r.status == "ok"]
     jct = [r.jct_s for r in done]
@@ -78,6 +89,7 @@ def summarise(records: list[RequestRecord], batch_size: int) -> dict:
         "throughput_req_s": len(done) / span if span > 0 else None,
         "mean_jct_s": _mean(jct), "p50_jct_s": _pct(jct, 50), "p99_jct_s": _pct(jct, 99),
         "short_p99_jct_s": _pct([r.jct_s for r in done if r.request_id in short], 99),
+        "short_answer_mean_jct_s": _mean(short_answer_jcts(done)),
         "mean_ttft_s": _mean(ttft), "p99_ttft_s": _pct(ttft, 99),
         "padding_ratio": padding_ratio(decode_groups(records, batch_size)),
         "prediction_mae": _mean([abs(p - c) for p, c in predicted]),

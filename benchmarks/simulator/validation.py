@@ -80,7 +80,9 @@ class Run:
 
 
 def online_run(name: str, records: list[RunRecord]) -> Run:
-    """A burst or load run of the router (or the stock app, whose records have no router side)."""
+    """A burst or load run of the router (or the stock app, whose records have no router side),
+    each request with what the router knew of it: its told length, the client's hint, and the
+    prediction where it landed before the request left the queue."""
     ok = sorted((r for r in records if r.status == "ok"), key=lambda r: (r.sent_s, r.request_id))
     policy = ok[0].decided_by or "ray_default"
     requests = []
@@ -89,7 +91,7 @@ def online_run(name: str, records: list[RunRecord]) -> Run:
         landed = r.prediction_landed == "before_dispatch" and r.predicted_tokens is not None
         requests.append(Request(
             r.request_id, policy, arrival=r.sent_s, prompt_tokens=r.prompt_tokens, max_tokens=1024,
-            told_tokens=told.get(policy), family=r.request_id,
+            told_tokens=told.get(policy), hint_tokens=r.hint_tokens, family=r.request_id,
             prediction=Prediction("last", float(r.predicted_tokens), {}, SINGLE_POOL, {}) if landed else None))
     stock = ok[0].decided_by is None
     return Run(name, "online", policy, "power_of_two" if stock else "least_inflight", requests,
@@ -445,8 +447,9 @@ def load_runs(runs_dir: Path) -> dict[str, Run]:
             side, tokens = scenario.side(side_name), rl_prompt_tokens(scenario.workload.prompts)
             for call in sorted({s.get("call", 1) for s in samples}):  # a partial side's continuation is a call of its own
                 called = f"{scenario.name}/{side_name}{'' if call == 1 else '_continued'}/{repeat}"
-                runs[called] = rollout_run(called, [s for s in samples if s.get("call", 1) == call], side.schedule,
-                                           tokens, scenario.workload.max_tokens, side.k)
+                run = rollout_run(called, [s for s in samples if s.get("call", 1) == call], side.schedule,
+                                  tokens, scenario.workload.max_tokens, side.k)
+                runs[called] = replace(run, probe=read_probe(path))  # taken before the first call
             continue
         records = read_run(name, runs_dir)
         # The simulator has no queue bound: replaying only the answered part of a run whose router

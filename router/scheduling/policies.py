@@ -7,7 +7,9 @@ rank a request waits with are the scheduler's business (router.scheduling.schedu
 
 Two families, one table (`POLICIES`):
 - pool policies (`estp`, `egtp`, `last`, `oracle`, `input_length`): the paper's length-homogeneous
-  pools; the predicted ones need the prediction before they can pick a pool (on the critical path);
+  pools; the predicted ones pick the pool of the request's estimate, the cheapest present and
+  trusted signal (router.scheduling.signals), so they need the prediction before they can pick a
+  pool (on the critical path) only where no cheaper signal gives the length;
 - work policies (`last_work`, `estp_work`, `egtp_work`, `oracle_work`, `ceiling`): pick a pool as
   Ray does (one pool in the default config) and use the length only to rank waiting requests
   shortest-first, so the prediction can land while the request waits.
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from router.scheduling.pools import Pools
-from router.scheduling.request import Request
+from router.scheduling.request import Prediction, Request
 
 
 class NoDecision(Exception):
@@ -35,6 +37,7 @@ class PolicyContext:
     input_edges: list[int]  # prompt tokens -> pool (input_length)
     replicas: dict[str, int]  # replicas per pool, for ray_default
     inflight: Callable[[str], int]  # requests a pool holds now (the scheduler's count)
+    estimate: Callable[[Request], Prediction | None]  # the signal chain's length, as the scheduler trusts it
     rng: random.Random = field(default_factory=random.Random)
 
 
@@ -83,12 +86,19 @@ class InputLength:
 
 
 class PredictedPool:
-    """ESTP, EGTP or the last-token head: the pool the predicted distribution puts the most mass on."""
+    """ESTP, EGTP or the last-token head: the pool of the request's estimate. That is the head's
+    (the pool its distribution puts the most mass on) unless a cheaper signal gives the length: a
+    request whose `max_tokens` is its length, or whose client hints one, is pooled by that, as it
+    is ranked, and needs no prefill before it can go."""
+
+    def __init__(self, ctx: PolicyContext):
+        self._estimate = ctx.estimate
 
     def choose(self, request: Request) -> str:
-        if request.prediction is None:
+        estimate = self._estimate(request)
+        if estimate is None:
             raise NoDecision(request.prediction_failure or "no_prediction")
-        return request.prediction.pool
+        return estimate.pool
 
 
 class Oracle:
@@ -134,9 +144,9 @@ POLICIES: dict[str, Policy] = {
     "round_robin": Policy(RoundRobin),
     "ray_default": Policy(PowerOfTwoChoices),
     "input_length": Policy(InputLength),
-    "estp": Policy(lambda ctx: PredictedPool(), "pool", head="estp"),
-    "egtp": Policy(lambda ctx: PredictedPool(), "pool", head="egtp"),
-    "last": Policy(lambda ctx: PredictedPool(), "pool", head="last"),
+    "estp": Policy(PredictedPool, "pool", head="estp"),
+    "egtp": Policy(PredictedPool, "pool", head="egtp"),
+    "last": Policy(PredictedPool, "pool", head="last"),
     "oracle": Policy(Oracle, "pool", told_length=True),
     "estp_work": Policy(PowerOfTwoChoices, "work", head="estp"),
     "egtp_work": Policy(PowerOfTwoChoices, "work", head="egtp"),

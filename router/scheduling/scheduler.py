@@ -70,7 +70,7 @@ class Scheduler:
             bound = None if n is None or waiting_per_slot is None else max(1, math.ceil(n * waiting_per_slot))
             self.queues[name] = AdmissionQueue(n, bound, order)
         ctx = PolicyContext(pools, list(input_edges), replicas or dict.fromkeys(pools.names, 1), self.inflight,
-                            rng or random.Random())
+                            self.estimate, rng or random.Random())
         self.chain = PolicyChain(ctx, policies, fallback)
         self._spillover = spillover
 

@@ -4,7 +4,8 @@ Free of HTTP: the API layer (router.api.app) parses and authenticates, hands the
 turns the result into a response. Each stage fills the request's one record (router.scheduling.request):
 1. render: the token ids the engine will see (router.serving.render), off the event loop, time-limited;
 2. predict: a pool policy (estp, egtp, last) needs its prediction to pick a pool, so it waits for
-   it here; a work policy (last_work, ...) never does;
+   it here, unless a cheaper signal gives the length (router.scheduling.signals); a work policy
+   (last_work, ...) never waits;
 3. decide: the scheduling core (router.scheduling.scheduler) picks the pool, spills, and ranks; while
    live quality distrusts the policy's head (router.serving.live_quality), its fallback decides;
 4. admit: a free slot dispatches at once, else the request waits in the pool's queue
@@ -341,7 +342,7 @@ class Pipeline:
     async def _serve(self, request: Request, body, kind: str, overrides: Overrides) -> Served:
         ids, detail = await self.render(request, body, kind)
         policy, trusted = POLICIES[request.policy], self.trusted(request.policy)
-        if policy.predicts_pool and trusted:
+        if policy.predicts_pool and trusted and self.scheduler.estimate(request) is None:  # no cheaper signal
             detail = (await self.predict(request, ids)).detail or detail
         self.decide(request, detail)
         self.admit(request)
