@@ -250,6 +250,7 @@ def plot(report: str, scenarios: list[Scenario], result: dict) -> None:
 
 ROWS = (  # (what, scenario, side, metric): a scenario row's figure is that side's change in that metric
     ("Router cost: throughput against the stock app (fixed lengths)", "overhead", "ray_default", "throughput_tok_s"),
+    ("Router cost: mean JCT against the stock app (fixed lengths)", "overhead", "ray_default", "mean_jct_s"),
     ("Default stack at natural lengths: mean JCT", "natural", "default", "mean_jct_s"),
     ("Default stack at natural lengths: short-request p99", "natural", "default", "short_p99_jct_s"),
     ("Client hints for half the requests: mean JCT", "hints", "hints", "mean_jct_s"),
@@ -272,7 +273,8 @@ def _row(what: str, name: str, side: str, metric: str) -> str | None:
         return None
     verdicts = [t["held"] for t in block["targets"] if t["target"].startswith(f"{side} {metric} ")]
     verdict = "-" if not verdicts else "held" if all(verdicts) else "missed"
-    return (f"| {what} | {scenario.baseline} | {_range(c)}, {len(c['each'])} repeats | {verdict} | "
+    n = len(c["each"])
+    return (f"| {what} | {scenario.baseline} | {_range(c)}, {n} repeat{'' if n == 1 else 's'} | {verdict} | "
             f"[{scenario.report}.md](benchmarks/results/{scenario.report}.md#{name}) |")
 
 
