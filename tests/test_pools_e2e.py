@@ -263,12 +263,16 @@ def test_dead_predictor_never_fails_a_request(stack):
     [replica] = _predictor_replicas(stack)
     replica.kill()
     replica.wait(30)
+    # max_tokens 4 is the length: the pool policy decides by it and never asks the predictor.
     r = _post(stack, "/v1/chat/completions", _chat(stack, "Name a colour.", max_tokens=4))
     assert r.status_code == 200, r.text
-    assert r.headers["x-routing-fallback"] in ("error", "timeout")
-    assert r.headers["x-routing-policy"] == "input_length" and r.headers["x-length-source"] == "max_tokens"
-    prediction = r.json()["length_prediction"]  # max_tokens 4 is the length: no prediction behind it
-    assert prediction["source"] == "max_tokens" and r.json()["choices"][0]["message"]["content"]
+    assert (r.headers["x-routing-policy"], r.headers["x-length-source"]) == ("estp", "max_tokens")
+    assert "x-routing-fallback" not in r.headers and r.json()["length_prediction"]["source"] == "max_tokens"
+    # A request that needs the head goes to the fallback policy and is served.
+    r = _post(stack, "/v1/chat/completions", _chat(stack, "Name a colour.", max_tokens=600))
+    assert r.status_code == 200, r.text
+    assert r.headers["x-routing-fallback"] in ("error", "timeout") and r.headers["x-routing-policy"] == "input_length"
+    assert r.json()["length_prediction"] is None and r.json()["choices"][0]["message"]["content"]
 
     deadline = time.time() + 300  # Serve restarts the replica: leave the stack as we found it
     while _post(stack, "/v1/length", _chat(stack, "Name a colour.")).status_code != 200:

@@ -44,6 +44,13 @@ def merge(base: dict, override: dict) -> dict:
     return out
 
 
+def _ctrl_c_stops() -> None:
+    """In the child before `serve run` starts: Ctrl-C stops it, as in a terminal. A process started
+    in the background of a non-interactive shell (nohup ... &, a CI step) has SIGINT ignored, and an
+    ignored signal stays ignored across exec: `stop` would then wait its timeout and SIGKILL."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class RunningStack:
     def __init__(self, workdir: Path, args_override: dict | None = None, ray_address: str = "local",
                  api_key: str | None = None, application: dict | None = None):
@@ -88,7 +95,7 @@ class RunningStack:
         # (whose app of the same name the test would otherwise replace); or a cluster named on purpose.
         self._proc = subprocess.Popen(
             [str(serve_bin), "run", str(self.config_path)],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_ctrl_c_stops,
             env={**os.environ, "RAY_ADDRESS": self._ray_address,
                  **({"LENGTHSERVE_BENCHMARK_KEYS": self.benchmark_key} if self.benchmark_key else {}),
                  **({"LENGTHSERVE_API_KEYS": self.api_key} if self.api_key else {})},
