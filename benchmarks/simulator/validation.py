@@ -383,18 +383,20 @@ def markdown(result: dict) -> str:
         lines.append(f"| {row['workload']} | {row['policy']} | {', '.join(_pct(c) for c in row['real_changes'])} | "
                      f"{_pct(row['simulated_change'])} | {', '.join(_pct(c) for c in paired) or '-'} | "
                      f"{'yes' if row['resolved'] else 'no'} | {'yes' if row['same_sign'] else 'no'} |")
-    lines += ["", "## Rollout schedules on their own lengths (makespan against fifo)", "",
-              "Each longest-first rollout run simulated as it ran and in the batch's order, on its own generated "
-              "lengths.", "", "| scenario/side | each run |", "|---|---|"]
-    lines += [f"| {key} | {', '.join(_pct(c) for c in changes)} |"
-              for key, changes in sa.get("rollouts_same_workload", {}).items()]
-    lines += ["", "## Sides against the stock app on their own lengths (mean JCT against ray_default)", "",
-              "Each run of a side compared with Ray Serve LLM's app simulated as it ran and as ray_default on our "
-              "stack, on its own generated lengths: the order's part of its change.", "",
-              "| scenario/side | each run |", "|---|---|"]
-    lines += [f"| {key} | {', '.join(_pct(c) for c in changes)} |"
-              for key, changes in sa.get("stock_comparisons_same_workload", {}).items()]
+    lines += _paired_table("Rollout schedules on their own lengths (makespan against fifo)",
+                           "Each longest-first rollout run simulated as it ran and in the batch's order, on its own "
+                           "generated lengths.", sa.get("rollouts_same_workload", {}))
+    lines += _paired_table("Sides against the stock app on their own lengths (mean JCT against ray_default)",
+                           "Each run of a side compared with Ray Serve LLM's app simulated as it ran and as "
+                           "ray_default on our stack, on its own generated lengths: the order's part of its change.",
+                           sa.get("stock_comparisons_same_workload", {}))
     return "\n".join(lines) + "\n"
+
+
+def _paired_table(title: str, text: str, paired: dict[str, list[float]]) -> list[str]:
+    """A section of same-workload changes, one row per scenario/side."""
+    return (["", f"## {title}", "", text, "", "| scenario/side | each run |", "|---|---|"]
+            + [f"| {key} | {', '.join(_pct(c) for c in changes)} |" for key, changes in paired.items()])
 
 
 def aggregate(compared: dict[str, dict], names: list[str]) -> dict:
@@ -471,6 +473,7 @@ def validate(setup: Setup, runs: dict[str, Run], fit_names: list[str], records: 
     """Fit on `fit_names` (unless given the fit those runs gave before), compare every run, and
     judge the held-out ones."""
     from benchmarks.replay.probe import probe_prompt_tokens
+    from benchmarks.scenarios import SCENARIOS
 
     if fit is None:
         hops = measured_hops([records[n] for n in fit_names if n in records])
@@ -497,8 +500,6 @@ def validate(setup: Setup, runs: dict[str, Run], fit_names: list[str], records: 
     kinds = {name.rsplit("/", 1)[0]: run.kind for name, run in timed.items()}
     agreement["rollouts_same_workload"] = {k: v for k, v in paired.items() if kinds[k] == "makespan"}
     # Sides set against the stock app have no ray_default run to pair with: their order's part alone.
-    from benchmarks.scenarios import SCENARIOS
-
     against_stock = {name for name, scenario in SCENARIOS.items() if scenario.baseline == "stock"}
     agreement["stock_comparisons_same_workload"] = {
         k: v for k, v in paired.items() if kinds[k] == "online" and k.split("/")[0] in against_stock}
