@@ -30,7 +30,7 @@ RESULTS = REPO / "benchmarks" / "results"
 README = REPO / "README.md"
 KEPT = ("mean_jct_s", "p50_jct_s", "p99_jct_s", "short_p99_jct_s", "short_answer_mean_jct_s", "mean_ttft_s",
         "throughput_tok_s", "output_tokens", "makespan_s", "queued_share", "ranked_share", "predictor_latency_p50_s",
-        "completed", "failed")
+        "arrival_order_kept", "completed", "failed")
 CHANGED = ("mean_jct_s", "p99_jct_s", "short_p99_jct_s", "short_answer_mean_jct_s", "mean_ttft_s", "throughput_tok_s",
            "makespan_s")
 REPEATS_KEY = {"pays_live": "pairs"}  # the name for the repeats of a stock-against-stack comparison

@@ -30,7 +30,8 @@ class Workload:
     differ up to 20% between runs); `fixed` holds each answer to the length the dataset's sample of
     it had, the router not told (X-Fixed-Output-Tokens; the stock app gets `ignore_eos`), so every
     side serves one workload. `share`: arrivals at that share of the stack's probed capacity
-    (poisson or azure); a burst sends everything at once. `hints`: the share of requests (seeded)
+    (poisson or azure); a burst sends everything in trace order, 20 ms apart (benchmarks.workloads:
+    sent at one instant, the order was a coin flip per side). `hints`: the share of requests (seeded)
     that carry a client's output-length hint, the prompt's median over its other samples.
     """
 

@@ -111,7 +111,23 @@ def test_a_loads_capacity_is_kept_and_a_later_session_replays_its_trace_at_its_o
     with pytest.raises(ValueError, match="20 requests"):
         workloads.trace(Workload(requests=30, arrivals="poisson", share=0.95), "load", lambda: 0.4)
     burst = workloads.trace(Workload(requests=5), "burst")
-    assert all(r.arrival_s == 0 for r in burst) and all(r.fixed_tokens is None for r in burst)
+    # in trace order, spaced, so both replay actors' halves reach the server interleaved as the trace has them
+    assert [r.arrival_s for r in burst] == pytest.approx([i * workloads.BURST_SPACING_S for i in range(5)])
+    assert all(r.fixed_tokens is None for r in burst)
+
+
+def test_a_run_says_whether_the_router_saw_the_trace_in_its_order():
+    def run(router_order, spacing=0.02):
+        return [RunRecord(run="r", policy="p", mode="open", request_id=f"r{i}", scenario="chat", arrival_s=i * spacing,
+                          prompt_tokens=5, true_output_tokens=10,
+                          status="ok", router_arrival_s=None if router_order is None else 1.0 + router_order.index(i))
+                for i in range(8)]
+
+    assert runs.arrival_order_kept(run(list(range(8)))) == pytest.approx(1.0)
+    # the two replay actors' halves one after the other: the odd positions first
+    assert runs.arrival_order_kept(run([1, 3, 5, 7, 0, 2, 4, 6])) < 0.5
+    assert runs.arrival_order_kept(run(None)) is None  # the stock app keeps no router record
+    assert runs.arrival_order_kept(run(list(range(8)), spacing=0.0)) is None  # one instant: no order to keep
 
 
 def _write_run(name, jcts, tokens=100):

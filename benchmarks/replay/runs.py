@@ -117,7 +117,7 @@ def read_run(run: str, out: Path | None = None) -> list[RunRecord]:
 def execute(run: str, base_url: str, actors: list, trace: list[TraceRequest], policy: str | None,
             router_log: Path | None, timeout_s: float = 3600, out: Path | None = None,
             label: str | None = None, progress: bool = False) -> list[RunRecord]:
-    """Replay `trace` open-loop (a burst: every arrival 0) and write the run's joined records."""
+    """Replay `trace` open-loop and write the run's joined records."""
     path = run_path(run, out)
     path.parent.mkdir(parents=True, exist_ok=True)
     probe = measure(base_url, actors, run, START_LEAD_S)
@@ -141,6 +141,19 @@ def _log_lines(path: Path | None) -> list[str]:
     return path.read_text().splitlines() if path is not None and path.exists() else []
 
 
+def arrival_order_kept(records: list[RunRecord]) -> float | None:
+    """Rank correlation of the trace's arrival order with the order requests reached the router
+    (1.0: kept). The replay actors send their shards in parallel, so two sides of a pair are one
+    workload only where this is near 1. None: the router kept no record (the stock app), or the
+    trace sends everything at one instant (the bursts before round 4's spacing) and has no order."""
+    arrived = [r for r in records if r.router_arrival_s is not None]
+    if len(arrived) < 2 or len({r.arrival_s for r in arrived}) < 2:
+        return None
+    by_trace = sorted(arrived, key=lambda r: (r.arrival_s, r.request_id))
+    router_rank = np.argsort(np.argsort([r.router_arrival_s for r in by_trace]))
+    return float(np.corrcoef(np.arange(len(by_trace)), router_rank)[0, 1])
+
+
 def summary(records: list[RunRecord]) -> dict:
     """The run's serving figures, and how far the router's ranking rested on landed lengths."""
     out = summarise(records, 8)
@@ -159,5 +172,6 @@ def summary(records: list[RunRecord]) -> dict:
         "ranked_share": sum(not r.on_prior for r in ranked) / len(ranked) if ranked else None,
         "predictor_latency_p50_s": float(np.percentile(latency, 50)) if latency else None,
         "predictor_latency_p99_s": float(np.percentile(latency, 99)) if latency else None,
+        "arrival_order_kept": arrival_order_kept(records),
     })
     return out
