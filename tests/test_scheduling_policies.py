@@ -255,6 +255,18 @@ def test_an_untrusted_head_hands_the_decision_to_the_fallback():
     assert (request.decided_by, request.fallback, request.pool) == ("input_length", "low_live_quality", "short")
 
 
+def test_an_untrusted_head_still_pools_a_request_by_its_trusted_hint():
+    scheduler = _scheduler()
+    scheduler.trust("estp", False)
+    hinted = Request("r", "estp", prompt_tokens=5, prediction=_prediction("short", 20.0), hint_tokens=500)
+    scheduler.decide(hinted, trusted=False)
+    assert (hinted.decided_by, hinted.fallback, hinted.pool) == ("estp", None, "long")
+    scheduler.trust("hint", False)  # a distrusted hint gives nothing either: the fallback decides
+    again = Request("r2", "estp", prompt_tokens=5, prediction=_prediction("short", 20.0), hint_tokens=500)
+    scheduler.decide(again, trusted=False)
+    assert (again.decided_by, again.fallback, again.pool) == ("input_length", "low_live_quality", "short")
+
+
 def test_a_planned_pool_is_kept_without_spillover():
     scheduler = _scheduler(slots=dict.fromkeys(POOLS, 1))
     _occupy(scheduler, "long")

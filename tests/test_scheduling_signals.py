@@ -97,12 +97,14 @@ def test_the_rank_reads_the_estimate_and_a_hint_needs_no_prediction():
 
 
 def test_a_distrusted_head_leaves_the_request_to_its_cheap_signals():
-    """The fallback decides (length-blind for the head), and the request still waits by a trusted
-    hint; without one, in arrival order. A shadow prediction landing later ranks nothing."""
+    """A trusted hint still decides and ranks the request through its policy; without one the
+    fallback decides and it waits in arrival order. A shadow prediction landing later ranks nothing."""
     scheduler = _scheduler()
     scheduler.trust("last", False)
-    hinted = _decided(scheduler, trusted=False, hint_tokens=30)
-    assert (hinted.decided_by, hinted.fallback, hinted.rank_tokens) == ("ray_default", "low_live_quality", 30.0)
+    hinted = _decided(scheduler, trusted=False, hint_tokens=30, prediction=HEAD)
+    assert (hinted.decided_by, hinted.fallback, hinted.rank_tokens) == ("last_work", None, 30.0)
+    bare = _decided(scheduler, trusted=False, prediction=HEAD)
+    assert (bare.decided_by, bare.fallback, bare.rank_tokens) == ("ray_default", "low_live_quality", None)
     bare = _decided(scheduler, trusted=False)
     scheduler.landed(bare, HEAD, now=1.0)
     assert (bare.rank_tokens, bare.estimate) == (None, None)

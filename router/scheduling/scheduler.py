@@ -17,9 +17,9 @@ The rank is the request's work in tokens (`Request.work_tokens`) from its estima
 present and trusted signal (router.scheduling.signals: the told length for the oracle and the
 ceiling, `max_tokens` where it is the length, the client's hint, the prompt's history, the
 prediction), and from the prior (a typical length) while it has none, bounded by what the request
-itself fixes. Length-blind policies rank nothing (None): their requests wait in arrival order; a
-request whose policy ranks but that the fallback decided (its head failed or is distrusted) ranks
-by a cheap signal when it has one, else in arrival order. `rank_by` picks which statistic of the
+itself fixes. Length-blind policies rank nothing (None): their requests wait in arrival order. A
+request whose head failed or is distrusted is decided and ranked by its policy on a cheap signal
+when it has one; without one the fallback decides and it waits in arrival order. `rank_by` picks which statistic of the
 estimate stands for a request: the mean, or a quantile (p90 is tail-aware: a request that might
 run long waits behind ones that surely will not).
 """
@@ -98,13 +98,14 @@ class Scheduler:
 
     def decide(self, request: Request, trusted: bool = True, spill: bool = True) -> None:
         """Pool, deciding policy, fallback and rank, on the record. `trusted` False: live quality
-        keeps the policy's head out (the fallback decides); `spill` False: a plan made before
-        anything is sent (batch mode) stays where the policy put it."""
+        keeps the policy's head out (the fallback decides, unless a cheaper trusted signal gives
+        the length); `spill` False: a plan made before anything is sent (batch mode) stays where
+        the policy put it."""
         if request.target_pool is not None:  # planned by the benchmark: no decision, no spillover
             request.chosen_pool = request.pool = request.target_pool
             request.decided_by = request.policy
         else:
-            if trusted:
+            if trusted or self._cheaply_known(request):
                 pool, request.decided_by, request.fallback = self.chain.choose(request, request.policy)
             else:
                 pool, request.decided_by, request.fallback = self.chain.fall_back(request, "low_live_quality")
@@ -113,6 +114,12 @@ class Scheduler:
             request.chosen_pool = pool
             request.pool = self.spill(pool) if spill and self._spillover else pool
         self.rank(request)
+
+    def _cheaply_known(self, request: Request) -> bool:
+        """A trusted signal other than the head gives the length: a distrusted head then takes
+        nothing from the policy, which pools and ranks by that signal as it would anyway."""
+        estimate = self.estimate(request)
+        return estimate is not None and estimate.source != "head"
 
     def trust(self, source: str, trusted: bool) -> None:
         """Live quality's verdict on a source or a head (router.serving.live_quality)."""
