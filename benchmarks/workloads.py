@@ -3,10 +3,11 @@
 The dataset's val and test prompts (the heads never trained on them) or ShareGPT first turns the
 dataset never used, each with the length the model gave it in the dataset and the median of its
 other samples (the ceiling: what a perfect prompt-only predictor could know). A burst sends them
-in trace order, 2.5 s for 128; a load re-times them by an arrival process at a share of the stack's capacity, which
-depends on the machine (they differ 2-3x between sessions): the first session of a load scenario
-keeps the capacity it scaled to (runs/<scenario>/capacity.json) with its probe, and later sessions
-stretch the same arrival pattern by their own probe against it, so a load stays one trace.
+in trace order, 2.5 s for 128; a load re-times them by an arrival process at a share of the
+stack's capacity, which depends on the machine (they differ 2-3x between sessions): the first
+session of a load scenario keeps the capacity it scaled to (runs/<scenario>/capacity.json) with its
+probe, and later sessions stretch the same arrival pattern by their own probe against it, so a
+load stays one trace.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from benchmarks.scenarios import Side, Workload
 
 # A burst's requests go out this far apart, in trace order. Sent all at once, the two replay
 # actors' halves (even and odd positions) raced through the HTTP proxy (0.7 s to take in 128), and
-# whichever half won took 27-32 of the first 32 slots on one side of a pair and the other half on
-# the other. On the fixed-length trace the halves average 383 and 567 tokens, so the coin flip
-# alone moved a side's mean JCT by about 10% (the overhead pair of round 4: stock's first 32 were
-# 88% odd, ray_default's 12%). Spaced, every side starts the same requests in the same order.
+# whichever half won took most of the first 32 slots: a coin flip per run, so the two sides of a
+# pair often started different halves. On the fixed-length trace the halves average 383 and 567
+# tokens, so the flip alone moved a side's mean JCT by about 10% (the overhead pair of round 4:
+# stock's first 32 were 88% odd, ray_default's 12%). Spaced, every side starts the same requests
+# in the same order.
 BURST_SPACING_S = 0.02
 
 # The fixed-length burst's Ray-default runs: their completions per second against their probed step

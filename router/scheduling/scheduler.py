@@ -19,9 +19,9 @@ ceiling, `max_tokens` where it is the length, the client's hint, the prompt's hi
 prediction), and from the prior (a typical length) while it has none, bounded by what the request
 itself fixes. Length-blind policies rank nothing (None): their requests wait in arrival order. A
 request whose head failed or is distrusted is decided and ranked by its policy on a cheap signal
-when it has one; without one the fallback decides and it waits in arrival order. `rank_by` picks which statistic of the
-estimate stands for a request: the mean, or a quantile (p90 is tail-aware: a request that might
-run long waits behind ones that surely will not).
+when it has one; without one the fallback decides and it waits in arrival order. `rank_by` picks
+which statistic of the estimate stands for a request: the mean, or a quantile (p90 is tail-aware:
+a request that might run long waits behind ones that surely will not).
 """
 
 from __future__ import annotations
