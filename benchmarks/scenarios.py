@@ -60,7 +60,8 @@ class Rollout:
 class Side:
     """One side of a comparison. `policy`: the stack's routing policy (None: ray_config.yaml's
     default, whatever it is); `heads`: the predictor heads its stack serves (None: the policy's
-    own), since each head served adds its features to every prediction; `hints`: the share of
+    own), since each head served adds its features to every prediction; `budget`: the predictor
+    budget its requests name (X-Predictor-Budget), so two budgets share one stack; `hints`: the share of
     requests sending the ceiling as a client hint; `repeats`: fewer repeats for a reference
     (a limit such as the oracle), None: the scenario's. Rollout sides name a `schedule` and where
     its lengths come from (`lengths_from`: the head, `ceiling`, or the prompts' `history` of the
@@ -76,6 +77,7 @@ class Side:
     lengths_from: Literal["head", "ceiling", "history"] | None = None
     k: int | None = None  # first k of each prompt's n samples, the rest cut
     budget_quantile: float | None = None  # partial: a token budget at this quantile of the batch's lengths
+    budget: Literal["auto", "always", "never"] | None = None  # the predictor budget its requests ask for (None: the stack's)
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("hints", "pays_live", "How much of the ceiling's gain client hints recover, sent for a seeded half "
              "of the requests (the hint: the prompt's median over its other samples)",
              (STOCK, Side("hints", hints=0.5), Side("ceiling", hints=1.0)), "stock", 5, BURST),
+    Scenario("natural_budget", "pays_live", "Whether the predictor budget's auto pays at natural lengths against "
+             "predicting nothing (never: free signals only), both beside the stock app",
+             (STOCK, DEFAULT, Side("never", budget="never")), "stock", 3, BURST),
     Scenario("calm", "pays_live", "Whether the default stack does no harm where nothing queues (Poisson at 80% "
              "of capacity), and how many predictions its budget skips there",
              (STOCK, DEFAULT), "stock", 3, Workload(requests=200, arrivals="poisson", share=0.8)),

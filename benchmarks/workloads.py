@@ -62,11 +62,13 @@ def trace(workload: Workload, name: str, probe_step_s: Callable[[], float] | Non
 
 def for_side(requests: list[TraceRequest], side: Side, seed: int = 0) -> list[TraceRequest]:
     """The trace as `side` sends it: a seeded share of its requests carry the ceiling as a hint
-    (the same requests in every repeat); the stock app, which has no benchmark headers, gets a
-    fixed length as `ignore_eos` with max_tokens at that length."""
+    (the same requests in every repeat), each names the side's predictor budget; the stock app,
+    which has no benchmark headers, gets a fixed length as `ignore_eos` with max_tokens at that length."""
     if side.app == "stock":
         return [r.model_copy(update={"max_tokens": r.fixed_tokens, "ignore_eos": True, "fixed_tokens": None})
                 if r.fixed_tokens is not None else r for r in requests]
+    if side.budget is not None:
+        requests = [r.model_copy(update={"predictor_budget": side.budget}) for r in requests]
     if not side.hints:
         return requests
     hinted = set(random.Random(seed).sample(range(len(requests)), round(side.hints * len(requests))))

@@ -7,6 +7,7 @@ import pytest
 
 from benchmarks import apps, report, runner, workloads
 from benchmarks.replay import runs
+from benchmarks.replay.actors import benchmark_headers
 from benchmarks.replay.runs import RunRecord, run_path, runs_of
 from benchmarks.replay.trace import TraceRequest
 from benchmarks.scenarios import SCENARIOS, Scenario, Side, Target, Workload
@@ -94,6 +95,15 @@ def test_a_fixed_length_reaches_the_stock_app_as_ignore_eos_and_hints_go_to_a_se
     assert [r.hint_tokens for r in half] == [r.hint_tokens for r in workloads.for_side(trace, Side("h", hints=0.5))]
     assert all(r.hint_tokens == 90 for r in workloads.for_side(trace, Side("ceiling", hints=1.0)))
     assert half[next(i for i, r in enumerate(half) if r.hint_tokens)].body("m")["metadata"] == {"expected_output_tokens": "90"}
+
+
+def test_a_budget_side_names_its_budget_on_every_request_and_the_stock_app_never_does(monkeypatch):
+    monkeypatch.delenv("LENGTHSERVE_BENCHMARK_KEY", raising=False)
+    trace = [_req(i) for i in range(3)]
+    never = workloads.for_side(trace, Side("never", budget="never"))
+    assert [benchmark_headers(r, None) for r in never] == [{"X-Predictor-Budget": "never"}] * 3
+    assert all(r.predictor_budget is None for r in workloads.for_side(trace, Side("default")))
+    assert all(r.predictor_budget is None for r in workloads.for_side(trace, Side("stock", app="stock")))
 
 
 def test_a_loads_capacity_is_kept_and_a_later_session_replays_its_trace_at_its_own_speed(tmp_path, monkeypatch):

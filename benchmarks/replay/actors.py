@@ -61,7 +61,8 @@ def account(trace: list[TraceRequest], records: list[RequestRecord]) -> Accounti
 def benchmark_headers(request: TraceRequest, policy: str | None) -> dict[str, str]:
     """What the router's benchmark option reads: the policy to decide by (known-length policies
     are told the true length, or the prompt's median for the ceiling), and a fixed-length
-    request's length, said to the engines alone (X-Fixed-Output-Tokens). The benchmark key
+    request's length, said to the engines alone (X-Fixed-Output-Tokens), and the predictor budget
+    it asks for (X-Predictor-Budget). The benchmark key
     (router.api.auth) comes from LENGTHSERVE_BENCHMARK_KEY in this process's environment: the
     replay actors inherit it from the cluster, RunningStack sets it for the stacks it starts."""
     headers = {}
@@ -71,6 +72,8 @@ def benchmark_headers(request: TraceRequest, policy: str | None) -> dict[str, st
             headers["X-True-Output-Tokens"] = str(known)
     if request.fixed_tokens is not None:
         headers["X-Fixed-Output-Tokens"] = str(request.fixed_tokens)
+    if request.predictor_budget is not None:
+        headers["X-Predictor-Budget"] = request.predictor_budget
     if headers and (key := os.environ.get(BENCHMARK_KEY_ENV)):
         headers["X-Benchmark-Key"] = key
     return headers

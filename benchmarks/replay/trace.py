@@ -49,6 +49,7 @@ class TraceRequest(BaseModel):
     # An answer of exactly this many tokens that the router is not told (X-Fixed-Output-Tokens):
     # every policy then serves the same workload.
     fixed_tokens: int | None = None
+    predictor_budget: Literal["auto", "always", "never"] | None = None  # X-Predictor-Budget (None: the router's)
     true_output_tokens: int  # what the serving model produced for this prompt in the dataset
     prompt_tokens: int  # with the chat template, as the engine sees it
     # The median length of the prompt's *other* samples (capped like the true length), or None
