@@ -256,6 +256,8 @@ ROWS = (  # (what, scenario, side, metric): a scenario row's figure is that side
     ("Router cost: mean JCT against the stock app (fixed lengths)", "overhead", "ray_default", "mean_jct_s"),
     ("Default stack at natural lengths: mean JCT", "natural", "default", "mean_jct_s"),
     ("Default stack at natural lengths: short-request p99", "natural", "default", "short_p99_jct_s"),
+    ("Predictions where the budget finds they pay, against none (natural lengths): mean JCT", "natural_budget",
+     "default", "mean_jct_s"),
     ("Client hints for half the requests: mean JCT", "hints", "hints", "mean_jct_s"),
     ("Client hints for half the requests: the short answers' mean JCT", "hints", "hints", "short_answer_mean_jct_s"),
     ("Calm load (80%): mean JCT, do no harm", "calm", "default", "mean_jct_s"),

@@ -141,9 +141,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("hints", "pays_live", "How much of the ceiling's gain client hints recover, sent for a seeded half "
              "of the requests (the hint: the prompt's median over its other samples)",
              (STOCK, Side("hints", hints=0.5), Side("ceiling", hints=1.0)), "stock", 5, BURST),
-    Scenario("natural_budget", "pays_live", "Whether the predictor budget's auto pays at natural lengths against "
-             "predicting nothing (never: free signals only), both beside the stock app",
-             (STOCK, DEFAULT, Side("never", budget="never")), "stock", 3, BURST),
+    Scenario("natural_budget", "pays_live", "Whether the predictor budget's auto (the default stack) pays at natural "
+             "lengths against predicting nothing (never: free signals only), the stock app beside them",
+             (STOCK, DEFAULT, Side("never", budget="never")), "never", 3, BURST),
     Scenario("calm", "pays_live", "Whether the default stack does no harm where nothing queues (Poisson at 80% "
              "of capacity), and how many predictions its budget skips there",
              (STOCK, DEFAULT), "stock", 3, Workload(requests=200, arrivals="poisson", share=0.8)),

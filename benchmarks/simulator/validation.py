@@ -499,8 +499,8 @@ def validate(setup: Setup, runs: dict[str, Run], fit_names: list[str], records: 
         row["same_workload_changes"] = paired.get(f"{row['workload']}/{row['policy']}", [])
     kinds = {name.rsplit("/", 1)[0]: run.kind for name, run in timed.items()}
     agreement["rollouts_same_workload"] = {k: v for k, v in paired.items() if kinds[k] == "makespan"}
-    # Sides set against the stock app have no ray_default run to pair with: their order's part alone.
-    against_stock = {name for name, scenario in SCENARIOS.items() if scenario.baseline == "stock"}
+    # Sides run beside the stock app have no ray_default run to pair with: their order's part alone.
+    against_stock = {name for name, scenario in SCENARIOS.items() if any(s.app == "stock" for s in scenario.sides)}
     agreement["stock_comparisons_same_workload"] = {
         k: v for k, v in paired.items() if kinds[k] == "online" and k.split("/")[0] in against_stock}
     probed = [n for n in held_out if runs[n].probe]
