@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from router.scheduling.budget import Mode
+
 Metric = Literal["mean_jct_s", "p99_jct_s", "short_p99_jct_s", "short_answer_mean_jct_s", "mean_ttft_s",
                  "throughput_tok_s", "makespan_s"]
 
@@ -77,7 +79,7 @@ class Side:
     lengths_from: Literal["head", "ceiling", "history"] | None = None
     k: int | None = None  # first k of each prompt's n samples, the rest cut
     budget_quantile: float | None = None  # partial: a token budget at this quantile of the batch's lengths
-    budget: Literal["auto", "always", "never"] | None = None  # the predictor budget its requests ask for (None: the stack's)
+    budget: Mode | None = None  # the predictor budget its requests ask for (None: the stack's)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from benchmarks.forelen.build import DEFAULT_OUT
 from benchmarks.forelen.datasheet import leave_one_out_medians
 from predictor.dataset import load_meta, load_samples
+from router.scheduling.budget import Mode
 from benchmarks.forelen.sources import DEFAULT_DATA_DIR
 
 ARRIVALS = ("poisson", "azure", "mooncake")
@@ -49,7 +50,7 @@ class TraceRequest(BaseModel):
     # An answer of exactly this many tokens that the router is not told (X-Fixed-Output-Tokens):
     # every policy then serves the same workload.
     fixed_tokens: int | None = None
-    predictor_budget: Literal["auto", "always", "never"] | None = None  # X-Predictor-Budget (None: the router's)
+    predictor_budget: Mode | None = None  # X-Predictor-Budget (None: the router's)
     true_output_tokens: int  # what the serving model produced for this prompt in the dataset
     prompt_tokens: int  # with the chat template, as the engine sees it
     # The median length of the prompt's *other* samples (capped like the true length), or None
