@@ -251,7 +251,9 @@ def test_policy_chain_falls_back_to_the_fallback_then_round_robin():
 
 def test_an_untrusted_head_hands_the_decision_to_the_fallback():
     request = Request("r", "estp", prompt_tokens=5, prediction=_prediction("long", 500.0))
-    _scheduler().decide(request, trusted=False)
+    scheduler = _scheduler()
+    scheduler.trust("estp", False)
+    scheduler.decide(request)
     assert (request.decided_by, request.fallback, request.pool) == ("input_length", "low_live_quality", "short")
 
 
@@ -259,11 +261,11 @@ def test_an_untrusted_head_still_pools_a_request_by_its_trusted_hint():
     scheduler = _scheduler()
     scheduler.trust("estp", False)
     hinted = Request("r", "estp", prompt_tokens=5, prediction=_prediction("short", 20.0), hint_tokens=500)
-    scheduler.decide(hinted, trusted=False)
+    scheduler.decide(hinted)
     assert (hinted.decided_by, hinted.fallback, hinted.pool) == ("estp", None, "long")
     scheduler.trust("hint", False)  # a distrusted hint gives nothing either: the fallback decides
     again = Request("r2", "estp", prompt_tokens=5, prediction=_prediction("short", 20.0), hint_tokens=500)
-    scheduler.decide(again, trusted=False)
+    scheduler.decide(again)
     assert (again.decided_by, again.fallback, again.pool) == ("input_length", "low_live_quality", "short")
 
 

@@ -75,10 +75,10 @@ def _scheduler(**ranking) -> Scheduler:
                      ranking=Ranking(prior_tokens=256.0, short_cap_tokens=48.0, **ranking))
 
 
-def _decided(scheduler: Scheduler, trusted: bool = True, policy: str = "last_work", **fields) -> Request:
+def _decided(scheduler: Scheduler, policy: str = "last_work", **fields) -> Request:
     request = _request(prompt_tokens=5, **fields)
     request.policy = policy
-    scheduler.decide(request, trusted)
+    scheduler.decide(request)
     return request
 
 
@@ -101,11 +101,11 @@ def test_a_distrusted_head_leaves_the_request_to_its_cheap_signals():
     fallback decides and it waits in arrival order. A shadow prediction landing later ranks nothing."""
     scheduler = _scheduler()
     scheduler.trust("last", False)
-    hinted = _decided(scheduler, trusted=False, hint_tokens=30, prediction=HEAD)
+    hinted = _decided(scheduler, hint_tokens=30, prediction=HEAD)
     assert (hinted.decided_by, hinted.fallback, hinted.rank_tokens) == ("last_work", None, 30.0)
-    bare = _decided(scheduler, trusted=False, prediction=HEAD)
+    bare = _decided(scheduler, prediction=HEAD)
     assert (bare.decided_by, bare.fallback, bare.rank_tokens) == ("ray_default", "low_live_quality", None)
-    bare = _decided(scheduler, trusted=False)
+    bare = _decided(scheduler)
     scheduler.landed(bare, HEAD, now=1.0)
     assert (bare.rank_tokens, bare.estimate) == (None, None)
     scheduler.trust("last", True)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from router.scheduling.admission import Admission, AdmissionQueue, QueueOrder
 from router.scheduling.budget import Mode, PredictorBudget
-from router.scheduling.policies import POLICIES, PolicyChain, PolicyContext
+from router.scheduling.policies import POLICIES, PolicyChain, PolicyContext, head_of
 from router.scheduling.pools import Pools
 from router.scheduling.request import BudgetDecision, Prediction, Request, Statistic
 from router.scheduling.signals import Signals
@@ -96,16 +96,15 @@ class Scheduler:
                 return names[i]
         return chosen
 
-    def decide(self, request: Request, trusted: bool = True, spill: bool = True) -> None:
-        """Pool, deciding policy, fallback and rank, on the record. `trusted` False: live quality
-        keeps the policy's head out (the fallback decides, unless a cheaper trusted signal gives
-        the length); `spill` False: a plan made before anything is sent (batch mode) stays where
-        the policy put it."""
+    def decide(self, request: Request, spill: bool = True) -> None:
+        """Pool, deciding policy, fallback and rank, on the record. A head live quality distrusts is
+        kept out (the fallback decides, unless a cheaper trusted signal gives the length); `spill`
+        False: a plan made before anything is sent (batch mode) stays where the policy put it."""
         if request.target_pool is not None:  # planned by the benchmark: no decision, no spillover
             request.chosen_pool = request.pool = request.target_pool
             request.decided_by = request.policy
         else:
-            if trusted or self._cheaply_known(request):
+            if self.trusts(request.policy) or self._cheaply_known(request):
                 pool, request.decided_by, request.fallback = self.chain.choose(request, request.policy)
             else:
                 pool, request.decided_by, request.fallback = self.chain.fall_back(request, "low_live_quality")
@@ -124,6 +123,10 @@ class Scheduler:
     def trust(self, source: str, trusted: bool) -> None:
         """Live quality's verdict on a source or a head (router.serving.live_quality)."""
         (self.distrusted.discard if trusted else self.distrusted.add)(source)
+
+    def trusts(self, policy: str) -> bool:
+        """Whether the policy's head may decide and rank: a length-blind policy has none to distrust."""
+        return head_of(policy) not in self.distrusted
 
     def estimate(self, request: Request) -> Prediction | None:
         """The request's length from the cheapest present and trusted signal (router.scheduling.signals),

@@ -227,12 +227,8 @@ class Pipeline:
         self.budget_metrics.decided(request.budget.verdict)
         return request.budget.verdict == "predicted"
 
-    def trusted(self, policy: str) -> bool:
-        head = head_of(policy)
-        return head is None or head not in self.quality or self.quality[head].trusted
-
     def decide(self, request: Request, detail: str = "", spill: bool = True) -> None:
-        self.scheduler.decide(request, self.trusted(request.policy), spill)
+        self.scheduler.decide(request, spill)
         request.decided_at = time.time()
         if request.fallback is not None:
             self.metrics.fallback(request.fallback, detail or request.fallback)
@@ -341,7 +337,7 @@ class Pipeline:
 
     async def _serve(self, request: Request, body, kind: str, overrides: Overrides) -> Served:
         ids, detail = await self.render(request, body, kind)
-        policy, trusted = POLICIES[request.policy], self.trusted(request.policy)
+        policy, trusted = POLICIES[request.policy], self.scheduler.trusts(request.policy)
         if policy.predicts_pool and trusted and self.scheduler.estimate(request) is None:  # no cheaper signal
             detail = (await self.predict(request, ids)).detail or detail
         self.decide(request, detail)
