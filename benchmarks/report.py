@@ -104,10 +104,12 @@ def scenario_result(scenario: Scenario) -> dict | None:
     metrics = CHANGED if scenario.kind == "online" else ("makespan_s", "mean_jct_s", "throughput_tok_s")
     changes = {s.name: {m: change_of(reps, s.name, scenario.baseline, m) for m in metrics}
                for s in scenario.sides if s.name != scenario.baseline}
+    if scenario.report in REPEATS_KEY:  # a pair also names each side's generated tokens: the draw it served
+        reps = [{**rep, "generated_tokens": {s: m.get("output_tokens") for s, m in rep.items()}} for rep in reps]
     out = {"question": scenario.question, "workload": vars(scenario.workload), "baseline": scenario.baseline,
            REPEATS_KEY.get(scenario.report, "repeats"): reps, "changes": changes,
            "targets": [judge(t, changes) for t in scenario.targets],
-           "lost_requests": sum(rep[s].get("lost", 0) for rep in reps for s in rep)}
+           "lost_requests": sum(rep[s.name].get("lost", 0) for rep in reps for s in scenario.sides if s.name in rep)}
     if scenario.name == "hints":
         hints, ceiling = (changes[s]["mean_jct_s"] for s in ("hints", "ceiling"))
         gain = lambda c: -c["median"] if c else None  # noqa: E731
@@ -208,8 +210,9 @@ def markdown(report: str, scenarios: list[Scenario], result: dict) -> str:
         if block is None:
             lines += ["", "Not run yet.", ""]
             continue
-        reps = block[REPEATS_KEY.get(report, "repeats")]
-        shown = [m for m in KEPT + ("probe_step_s", "skipped_by_budget_share") if any(m in r.get(s, {}) for r in reps for s in r)]
+        sides = [s.name for s in scenario.sides]
+        reps = [{s: rep[s] for s in sides if s in rep} for rep in block[REPEATS_KEY.get(report, "repeats")]]
+        shown = [m for m in KEPT + ("probe_step_s", "skipped_by_budget_share") if any(m in r[s] for r in reps for s in r)]
         lines += ["", f"{len(reps)} repeats; lost requests: {block['lost_requests']}.", "",
                   "| repeat | side | " + " | ".join(shown) + " |", "|---|---|" + "---|" * len(shown)]
         for k, rep in enumerate(reps):

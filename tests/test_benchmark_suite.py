@@ -163,6 +163,10 @@ def test_the_report_takes_each_sides_change_per_repeat_and_judges_the_targets(tm
     assert [t["held"] for t in block["targets"]] == [True, False]  # the median held, one repeat lost
     assert [t["value"] for t in block["targets"]] == [pytest.approx(-0.1), pytest.approx(0.05)]  # that repeat
     assert block["repeats"][0]["base"]["output_tokens"] == 400 and block["lost_requests"] == 0
+    paired = report.scenario_result(Scenario("t", "pays_live", "q", s.sides, "base", 3, Workload()))
+    assert paired["pairs"][0]["generated_tokens"] == {"base": 400, "new": 400}  # the results schema
+    table = report.markdown("pays_live", [s], {"t": paired})
+    assert "| 0 | base |" in table and "| generated_tokens |" not in table  # the tally is not a side
 
 
 def test_short_requests_are_those_at_or_below_the_traces_25th_percentile():
