@@ -23,9 +23,9 @@ from pydantic import BaseModel
 
 from benchmarks.forelen.build import DEFAULT_OUT
 from benchmarks.forelen.datasheet import leave_one_out_medians
+from benchmarks.forelen.sources import DEFAULT_DATA_DIR
 from predictor.dataset import load_meta, load_samples
 from router.scheduling.budget import Mode
-from benchmarks.forelen.sources import DEFAULT_DATA_DIR
 
 ARRIVALS = ("poisson", "azure", "mooncake")
 AZURE_TRACE = "chat/azure_llm_trace_conv_2023.csv"
