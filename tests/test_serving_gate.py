@@ -21,6 +21,17 @@ def _request(name: str, tokens: float | None = None) -> Request:
     return Request(id=name, policy="oracle_work", pool="p", rank_tokens=tokens)
 
 
+def _busy_gate_with_two_waiting(first: str, second: str) -> tuple[Gate, Request, Request, Request]:
+    """One slot held by `running`, and two waiters behind it, the first ranked shorter."""
+    gate = _gate()
+    running = _request("running")
+    gate.offer(running)
+    a, b = _request(first, 1), _request(second, 2)
+    gate.offer(a)
+    gate.offer(b)
+    return gate, running, a, b
+
+
 def test_waiters_get_slots_shortest_first_and_a_full_queue_refuses():
     async def scenario():
         gate = _gate(waiting_per_slot=2)
@@ -52,12 +63,7 @@ def test_waiters_get_slots_shortest_first_and_a_full_queue_refuses():
 
 def test_a_waiter_that_gives_up_loses_nothing_and_the_next_one_gets_the_slot():
     async def scenario():
-        gate = _gate()
-        running = _request("running")
-        gate.offer(running)
-        impatient, patient = _request("impatient", 1), _request("patient", 2)
-        gate.offer(impatient)
-        gate.offer(patient)
+        gate, running, impatient, patient = _busy_gate_with_two_waiting("impatient", "patient")
         with pytest.raises(TimeoutError):
             await gate.wait(impatient, 0.01)
         waiter = asyncio.create_task(gate.wait(patient, 5))
@@ -73,12 +79,7 @@ def test_a_waiter_that_gives_up_loses_nothing_and_the_next_one_gets_the_slot():
 
 def test_a_slot_handed_to_a_cancelled_waiter_goes_to_the_next():
     async def scenario():
-        gate = _gate()
-        running = _request("running")
-        gate.offer(running)
-        first, second = _request("first", 1), _request("second", 2)
-        gate.offer(first)
-        gate.offer(second)
+        gate, running, first, second = _busy_gate_with_two_waiting("first", "second")
         w1 = asyncio.create_task(gate.wait(first, 5))
         w2 = asyncio.create_task(gate.wait(second, 5))
         await asyncio.sleep(0)
