@@ -2,7 +2,8 @@
 
 Repeat k runs every side once, the sides of one application back to back; the stock app goes
 first in even repeats and this stack first in odd ones, so a slow spell of the machine (they drift
-within a session) hits both alike and each application starts once per repeat. Every run probes
+within a session) hits both alike and each application starts once per repeat; the sides on this
+stack swap places every second repeat. Every run probes
 the machine before and after (benchmarks.replay.probe) and leaves its per-request records under
 benchmarks/results/runs/<scenario>/<side>__r<k>.jsonl, which the report and the simulator's
 validation read; a run whose file exists is not run again, and the scenario's results file is
@@ -30,9 +31,14 @@ ACTORS = 2
 
 
 def order(scenario: Scenario, repeat: int) -> list[Side]:
-    """A repeat's sides, grouped by application, the stock app first in even repeats."""
+    """A repeat's sides, grouped by application, the stock app first in even repeats.
+
+    The sides that share this stack swap places every second repeat: the machine drifts within a
+    session, and a side that always ran second on a warm stack would carry that drift as its own.
+    """
     stock_first = repeat % 2 == 0
-    return sorted(scenario.sides, key=lambda s: (s.app == "stock") != stock_first)
+    sides = scenario.sides if repeat // 2 % 2 == 0 else scenario.sides[::-1]
+    return sorted(sides, key=lambda s: (s.app == "stock") != stock_first)
 
 
 def pending(scenario: Scenario) -> list[tuple[int, Side]]:
