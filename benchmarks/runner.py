@@ -3,8 +3,8 @@
 Repeat k runs every side once, the sides of one application back to back; the stock app goes
 first in even repeats and this stack first in odd ones, so a slow spell of the machine (they drift
 within a session) hits both alike and each application starts once per repeat; the sides on this
-stack swap places every second repeat. Every run probes
-the machine before and after (benchmarks.replay.probe) and leaves its per-request records under
+stack swap places every second repeat. Every run probes the machine before and after
+(benchmarks.replay.probe) and leaves its per-request records under
 benchmarks/results/runs/<scenario>/<side>__r<k>.jsonl, which the report and the simulator's
 validation read; a run whose file exists is not run again, and the scenario's results file is
 rebuilt after every run, so a session cut off keeps all it finished.
