@@ -193,6 +193,13 @@ def test_the_readme_table_is_rebuilt_between_its_markers(tmp_path, monkeypatch):
     assert "-10.0% [-13.0%, +0.8%], 4 repeats | held | [queueing.md](benchmarks/results/queueing.md#fixed_burst)" in row
 
 
+def test_the_calm_budget_row_judges_the_skipped_share_and_is_left_out_where_nothing_was_priced():
+    calm = {"budget_skipped_share": 26 / 27, "budget_priced_requests": 27, "unpredicted_share": 0.998}
+    assert "96.3% of 27 (99.8% of all requests served without one) | held (90%)" in report._budget_row({"calm": calm})
+    assert "| missed (90%) |" in report._budget_row({"calm": {**calm, "budget_skipped_share": 0.5}})
+    assert report._budget_row({"calm": {**calm, "budget_skipped_share": None}}) is None
+
+
 def test_a_first_k_batch_ends_with_its_last_started_sample_and_a_partial_one_adds_its_calls():
     from benchmarks.rollouts import batch_metrics
 
