@@ -156,8 +156,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "ray_default", 4, FIXED_BURST,
              (Target("last_work", "mean_jct_s", -0.10), Target("last_work", "short_p99_jct_s", -0.15),
               Target("last_work", "p99_jct_s", 0.10))),
+    # `always`: the question is ESTP's rank; under `auto` the budget prices its attention-reading
+    # prefill above the gain on CPU and predicts nothing (measured: runs/legacy/fixed_burst_estp_auto).
     Scenario("fixed_burst_estp", "queueing", "The same with ESTP's own head, on a stack serving it alone",
-             (RAY_DEFAULT, Side("estp_work", policy="estp_work", heads=("estp",))), "ray_default", 3, FIXED_BURST,
+             (RAY_DEFAULT, Side("estp_work", policy="estp_work", heads=("estp",), budget="always")), "ray_default", 3,
+             FIXED_BURST,
              (Target("estp_work", "mean_jct_s", -0.10),)),
     Scenario("natural_burst", "queueing", "The last-token head at natural lengths, predicted live on the "
              "engines' cores", (RAY_DEFAULT, LAST_WORK), "ray_default", 3, BURST, (Target("last_work", "mean_jct_s", -0.10),)),
